@@ -1,0 +1,481 @@
+//! Shapes, strides in elements, byte offsets, and the questions consumers ask about them.
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::Error;
+
+/// Inline room for this many dimensions; deeper tensors spill to the heap.
+const INLINE_DIMS: usize = 8;
+
+pub(crate) type Dims = SmallVec<[i64; INLINE_DIMS]>;
+
+/// A validated layout: extents, strides **in units of elements** (negative and zero
+/// allowed) and a byte offset from the data pointer to element 0.
+///
+/// Built only by [`Layout::new`] (or [`Layout::row_major`]), which guarantees: shape and
+/// strides have the same length, every extent is >= 0, the number of elements fits in `u64`,
+/// and strides and the element offsets they reach are at most `2^55 - 1` in absolute value
+/// (see [`Layout::new`]). After that, the queries below cannot fail or overflow.
+///
+/// Contiguity follows what consumers do (PROTOCOLS.md pitfalls 6 and 7): strides of
+/// dimensions of size 1 are ignored, and a tensor with a dimension of size 0 counts as
+/// contiguous in every sense.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Dims,
+    strides: Dims,
+    byte_offset: u64,
+    numel: u64,
+    /// Lowest and highest element offsets reached, relative to element 0; `(0, 0)` when
+    /// empty.
+    reach: (i64, i64),
+}
+
+/// Largest absolute stride and element offset we accept (2^55 - 1). Keeps all element
+/// arithmetic, including the contiguity scans' running products, inside `i64`; byte
+/// arithmetic, which also depends on the element width, is checked in `i128` by the
+/// descriptor's validation.
+pub(crate) const MAX_ELEM_REACH: i64 = i64::MAX >> 8;
+
+impl Layout {
+    /// A layout from a shape, strides in elements (`None` means compact row-major, as in
+    /// DLPack before 1.2) and a byte offset.
+    ///
+    /// Fails on rank disagreement, negative extents, and any overflow: the number of
+    /// elements must fit in `u64`, and every stride and every reachable element offset must
+    /// lie within `±(i64::MAX >> 8)`.
+    pub fn new(shape: &[i64], strides: Option<&[i64]>, byte_offset: u64) -> Result<Layout, Error> {
+        let shape: Dims = SmallVec::from_slice(shape);
+        let strides = match strides {
+            Some(s) if s.len() != shape.len() => {
+                return Err(Error::RankMismatch {
+                    shape: shape.len(),
+                    strides: s.len(),
+                });
+            }
+            Some(s) => SmallVec::from_slice(s),
+            None => {
+                check_extents(&shape)?;
+                row_major_strides(&shape)?
+            }
+        };
+        Layout::from_dims(shape, strides, byte_offset)
+    }
+
+    /// The compact row-major (C order) layout of `shape`, byte offset 0.
+    pub fn row_major(shape: &[i64]) -> Result<Layout, Error> {
+        Layout::new(shape, None, 0)
+    }
+
+    /// The compact column-major (Fortran order) layout of `shape`, byte offset 0.
+    pub fn column_major(shape: &[i64]) -> Result<Layout, Error> {
+        check_extents(shape)?;
+        let mut strides: Dims = SmallVec::from_elem(0, shape.len());
+        let mut acc: i64 = 1;
+        for (d, &n) in shape.iter().enumerate() {
+            strides[d] = acc;
+            acc = acc.checked_mul(n.max(1)).ok_or(Error::Overflow {
+                what: "column-major strides",
+            })?;
+        }
+        Layout::from_dims(SmallVec::from_slice(shape), strides, 0)
+    }
+
+    fn from_dims(shape: Dims, strides: Dims, byte_offset: u64) -> Result<Layout, Error> {
+        check_extents(&shape)?;
+        let numel = if shape.contains(&0) {
+            0
+        } else {
+            shape
+                .iter()
+                .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
+                .ok_or(Error::Overflow {
+                    what: "number of elements",
+                })?
+        };
+        let overflow = Error::Overflow {
+            what: "element offset reach",
+        };
+        let mut lo: i128 = 0;
+        let mut hi: i128 = 0;
+        for (&n, &s) in shape.iter().zip(&strides) {
+            if s.unsigned_abs() > MAX_ELEM_REACH as u64 {
+                return Err(overflow);
+            }
+            if numel == 0 {
+                continue;
+            }
+            // n >= 1 here; i128 cannot overflow for one product of two i64.
+            let ext = i128::from(n - 1) * i128::from(s);
+            if ext < 0 {
+                lo += ext;
+            } else {
+                hi += ext;
+            }
+            if lo < -i128::from(MAX_ELEM_REACH) || hi > i128::from(MAX_ELEM_REACH) {
+                return Err(overflow);
+            }
+        }
+        Ok(Layout {
+            shape,
+            strides,
+            byte_offset,
+            numel,
+            // Both bounded by MAX_ELEM_REACH just above.
+            reach: (lo as i64, hi as i64),
+        })
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Extents, all >= 0.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// Strides in units of elements.
+    pub fn strides_elems(&self) -> &[i64] {
+        &self.strides
+    }
+
+    /// Bytes from the data pointer to element 0.
+    pub fn byte_offset(&self) -> u64 {
+        self.byte_offset
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.numel
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.numel == 0
+    }
+
+    /// Lowest and highest element offsets the strides reach, relative to element 0
+    /// (inclusive both; `(0, 0)` for a single element or an empty tensor).
+    pub fn elem_reach(&self) -> (i64, i64) {
+        self.reach
+    }
+
+    /// The same layout with another byte offset.
+    pub fn with_byte_offset(&self, byte_offset: u64) -> Layout {
+        Layout {
+            byte_offset,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the layout is compact row-major (C order), ignoring dimensions of size 1.
+    pub fn is_c_contiguous(&self) -> bool {
+        self.first_not_row_major().is_none()
+    }
+
+    /// Whether the layout is compact column-major (Fortran order), ignoring dimensions of
+    /// size 1.
+    pub fn is_f_contiguous(&self) -> bool {
+        self.first_not_column_major().is_none()
+    }
+
+    /// Whether the layout is a permutation of a compact layout: every element of a block of
+    /// `numel` elements is reached exactly once, with non-negative strides.
+    pub fn is_dense(&self) -> bool {
+        self.first_not_dense().is_none()
+    }
+
+    /// `(dim, stride, expected)` of the first dimension (from the last) that breaks row-major.
+    fn first_not_row_major(&self) -> Option<(usize, i64, i64)> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut expected: i64 = 1;
+        for d in (0..self.ndim()).rev() {
+            let n = self.shape[d];
+            if n == 1 {
+                continue;
+            }
+            if self.strides[d] != expected {
+                return Some((d, self.strides[d], expected));
+            }
+            // Bounded: expected <= reach + 1 while strides match.
+            expected *= n;
+        }
+        None
+    }
+
+    fn first_not_column_major(&self) -> Option<(usize, i64, i64)> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut expected: i64 = 1;
+        for d in 0..self.ndim() {
+            let n = self.shape[d];
+            if n == 1 {
+                continue;
+            }
+            if self.strides[d] != expected {
+                return Some((d, self.strides[d], expected));
+            }
+            expected *= n;
+        }
+        None
+    }
+
+    fn first_not_dense(&self) -> Option<(usize, i64)> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut dims: SmallVec<[usize; INLINE_DIMS]> =
+            (0..self.ndim()).filter(|&d| self.shape[d] != 1).collect();
+        if let Some(&d) = dims.iter().find(|&&d| self.strides[d] <= 0) {
+            return Some((d, self.strides[d]));
+        }
+        // Innermost first; ties broken by larger dimension index innermost, like C order.
+        dims.sort_unstable_by_key(|&d| (self.strides[d], std::cmp::Reverse(d)));
+        let mut expected: i64 = 1;
+        for d in dims {
+            if self.strides[d] != expected {
+                return Some((d, self.strides[d]));
+            }
+            expected *= self.shape[d];
+        }
+        None
+    }
+
+    /// Checks one restriction a consumer states, naming the offending dimension on failure.
+    pub fn check(&self, constraint: Constraint) -> Result<(), Error> {
+        match constraint {
+            Constraint::RowMajor => match self.first_not_row_major() {
+                None => Ok(()),
+                Some((dim, stride, expected)) => Err(Error::NotRowMajor {
+                    dim,
+                    stride,
+                    expected,
+                }),
+            },
+            Constraint::ColumnMajor => match self.first_not_column_major() {
+                None => Ok(()),
+                Some((dim, stride, expected)) => Err(Error::NotColumnMajor {
+                    dim,
+                    stride,
+                    expected,
+                }),
+            },
+            Constraint::Dense => match self.first_not_dense() {
+                None => Ok(()),
+                Some((dim, stride)) => Err(Error::NotDense { dim, stride }),
+            },
+            Constraint::NonNegativeStrides => self
+                .significant_dims()
+                .find(|&d| self.strides[d] < 0)
+                .map_or(Ok(()), |dim| {
+                    Err(Error::NegativeStride {
+                        dim,
+                        stride: self.strides[dim],
+                    })
+                }),
+            Constraint::NoBroadcast => self
+                .significant_dims()
+                .find(|&d| self.strides[d] == 0)
+                .map_or(Ok(()), |dim| {
+                    Err(Error::ZeroStride {
+                        dim,
+                        size: self.shape[dim],
+                    })
+                }),
+            Constraint::ZeroByteOffset => match self.byte_offset {
+                0 => Ok(()),
+                byte_offset => Err(Error::NonZeroByteOffset { byte_offset }),
+            },
+        }
+    }
+
+    /// Checks every restriction in `constraints`, failing on the first one broken.
+    pub fn check_all(&self, constraints: &[Constraint]) -> Result<(), Error> {
+        constraints.iter().try_for_each(|&c| self.check(c))
+    }
+
+    /// Dimensions whose stride matters: size > 1, none at all when the tensor is empty.
+    fn significant_dims(&self) -> impl Iterator<Item = usize> + '_ {
+        let all = if self.is_empty() { 0 } else { self.ndim() };
+        (0..all).filter(|&d| self.shape[d] > 1)
+    }
+
+    /// Element strides from byte strides: each must be a multiple of `itemsize`.
+    ///
+    /// The inverse of multiplying by the item size; used by the CUDA Array Interface and
+    /// NumPy adapters, whose strides count bytes.
+    pub fn strides_from_bytes(strides_bytes: &[i64], itemsize: usize) -> Result<Vec<i64>, Error> {
+        let size = i64::try_from(itemsize).map_err(|_| Error::Overflow { what: "item size" })?;
+        strides_bytes
+            .iter()
+            .enumerate()
+            .map(|(dim, &b)| {
+                if size == 0 || b % size != 0 {
+                    Err(Error::StrideNotMultiple {
+                        dim,
+                        stride_bytes: b,
+                        itemsize,
+                    })
+                } else {
+                    Ok(b / size)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Computes compact row-major strides; extents must already be non-negative.
+fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
+    let mut strides: Dims = SmallVec::from_elem(0, shape.len());
+    let mut acc: i64 = 1;
+    for d in (0..shape.len()).rev() {
+        strides[d] = acc;
+        acc = acc.checked_mul(shape[d].max(1)).ok_or(Error::Overflow {
+            what: "row-major strides",
+        })?;
+    }
+    Ok(strides)
+}
+
+fn check_extents(shape: &[i64]) -> Result<(), Error> {
+    match shape.iter().position(|&n| n < 0) {
+        Some(dim) => Err(Error::NegativeSize {
+            dim,
+            size: shape[dim],
+        }),
+        None => Ok(()),
+    }
+}
+
+impl fmt::Debug for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layout")
+            .field("shape", &&self.shape[..])
+            .field("strides_elems", &&self.strides[..])
+            .field("byte_offset", &self.byte_offset)
+            .finish()
+    }
+}
+
+/// A restriction a consumer places on layouts, checked by [`Layout::check`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Constraint {
+    /// Compact row-major only (TensorFlow, XLA without layouts).
+    RowMajor,
+    /// Compact column-major only.
+    ColumnMajor,
+    /// A permutation of a compact layout (JAX >= 0.8 takes these).
+    Dense,
+    /// No negative strides (PyTorch, TensorFlow).
+    NonNegativeStrides,
+    /// No zero strides on dimensions of size > 1.
+    NoBroadcast,
+    /// `byte_offset` must be 0 (consumers that ignore it, PROTOCOLS.md pitfall 13).
+    ZeroByteOffset,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_and_column_major_strides() {
+        let c = Layout::row_major(&[2, 3, 4]).unwrap();
+        assert_eq!(c.strides_elems(), &[12, 4, 1]);
+        assert!(c.is_c_contiguous() && c.is_dense() && !c.is_f_contiguous());
+        let f = Layout::column_major(&[2, 3, 4]).unwrap();
+        assert_eq!(f.strides_elems(), &[1, 2, 6]);
+        assert!(f.is_f_contiguous() && f.is_dense() && !f.is_c_contiguous());
+    }
+
+    #[test]
+    fn size_one_dims_and_empty_tensors_are_ignored() {
+        let l = Layout::new(&[1, 3, 1], Some(&[99, 1, -7]), 0).unwrap();
+        assert!(l.is_c_contiguous() && l.is_f_contiguous() && l.is_dense());
+        let e = Layout::new(&[0, 3], Some(&[-5, 0]), 0).unwrap();
+        assert!(e.is_c_contiguous() && e.is_f_contiguous() && e.is_dense());
+        assert_eq!(e.numel(), 0);
+        assert!(e.check(Constraint::NonNegativeStrides).is_ok());
+    }
+
+    #[test]
+    fn constraint_errors_name_the_dimension() {
+        let l = Layout::new(&[2, 3], Some(&[1, 2]), 8).unwrap();
+        assert_eq!(
+            l.check(Constraint::RowMajor),
+            Err(Error::NotRowMajor {
+                dim: 1,
+                stride: 2,
+                expected: 1
+            })
+        );
+        assert_eq!(l.check(Constraint::ColumnMajor), Ok(()));
+        assert_eq!(
+            l.check(Constraint::ZeroByteOffset),
+            Err(Error::NonZeroByteOffset { byte_offset: 8 })
+        );
+        let n = Layout::new(&[2, 3], Some(&[3, -1]), 0).unwrap();
+        assert_eq!(
+            n.check(Constraint::NonNegativeStrides),
+            Err(Error::NegativeStride { dim: 1, stride: -1 })
+        );
+        let b = Layout::new(&[2, 3], Some(&[0, 1]), 0).unwrap();
+        assert_eq!(
+            b.check(Constraint::NoBroadcast),
+            Err(Error::ZeroStride { dim: 0, size: 2 })
+        );
+        assert_eq!(
+            b.check(Constraint::Dense),
+            Err(Error::NotDense { dim: 0, stride: 0 })
+        );
+    }
+
+    #[test]
+    fn reach_and_overflow() {
+        let l = Layout::new(&[3, 4], Some(&[-4, 1]), 0).unwrap();
+        assert_eq!(l.elem_reach(), (-8, 3));
+        assert!(matches!(
+            Layout::new(&[i64::MAX, 3], None, 0),
+            Err(Error::Overflow { .. })
+        ));
+        assert!(matches!(
+            Layout::new(&[2, 2], Some(&[i64::MAX, 1]), 0),
+            Err(Error::Overflow { .. })
+        ));
+        assert!(matches!(
+            Layout::new(&[2], Some(&[1, 1]), 0),
+            Err(Error::RankMismatch {
+                shape: 1,
+                strides: 2
+            })
+        ));
+        assert!(matches!(
+            Layout::new(&[2, -1], None, 0),
+            Err(Error::NegativeSize { dim: 1, size: -1 })
+        ));
+    }
+
+    #[test]
+    fn byte_strides_must_be_multiples() {
+        assert_eq!(
+            Layout::strides_from_bytes(&[48, -4, 0], 4).unwrap(),
+            vec![12, -1, 0]
+        );
+        assert_eq!(
+            Layout::strides_from_bytes(&[48, 6], 4),
+            Err(Error::StrideNotMultiple {
+                dim: 1,
+                stride_bytes: 6,
+                itemsize: 4
+            })
+        );
+    }
+}

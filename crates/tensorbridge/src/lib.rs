@@ -1,0 +1,73 @@
+//! The tensorbridge core: a validated, zero-copy description of tensor memory that someone
+//! else may own, and the shared model every adapter converts to and from.
+//!
+//! Adapter crates (DLPack, the CUDA Array Interface, cudarc, libtorch, Python) each convert
+//! one foreign representation into a [`Tensor`] and back; any pair of formats therefore
+//! converts through this crate. The core itself depends on no CUDA, libtorch or Python
+//! library.
+//!
+//! # The model
+//! - [`DType`]: every DLPack type code (ints, uints, floats, bfloat16, complex, bool, opaque,
+//!   the fp8/fp6/fp4 family) with bits and lanes; parsed from and printed as the names users
+//!   type (`"float32"`, `"bfloat16"`, `"float8_e4m3fn"`).
+//! - [`Device`]: every DLPack device type with its ordinal.
+//! - [`Layout`]: shape, strides **in elements** (negative and zero allowed), byte offset, and
+//!   the questions consumers ask (contiguity, density, span, [`Constraint`]s).
+//! - [`Access`], [`Ready`] (where data becomes ready: now, a producer [`Stream`], or an
+//!   adapter's [`ReadySignal`]) and the keep-alive [`Owner`].
+//!
+//! # The trust boundary
+//! Foreign descriptors arrive as a [`RawTensor`] (raw codes, borrowed shape and strides). Its
+//! one fallible conversion, [`RawTensor::validate`], checks rank agreement, overflow-free
+//! arithmetic, null data only when empty, alignment and the address span, and yields a
+//! [`Descriptor`]. [`Tensor::from_descriptor`] (the only constructor that trusts a pointer,
+//! hence `unsafe`) attaches the owner. After that, nothing can fail.
+//!
+//! ```
+//! use tensorbridge::{Constraint, DType, Tensor};
+//!
+//! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
+//! assert_eq!(t.dtype(), "float32".parse::<DType>()?);
+//! assert!(t.layout().is_c_contiguous());
+//! t.layout().check(Constraint::RowMajor)?;
+//! let view = t.host_view::<f32>()?;
+//! assert_eq!(view.get(&[1, 2])?, 5.0);
+//! # Ok::<(), tensorbridge::Error>(())
+//! ```
+//!
+//! # Ownership
+//! A [`Tensor`] holds an [`Owner`] (`Arc<dyn Any + Send + Sync>`). Cloning the tensor clones
+//! the `Arc`; dropping the last clone drops the owner, which releases the memory exactly
+//! once (a DLPack deleter, a Python reference, a `Vec`).
+//!
+//! # Limitations
+//! - Host views read through raw pointers and need `T: Element`; packed fp6/fp4 tensors have
+//!   no typed view.
+//! - The core does not synchronise devices: [`Ready`] records where data becomes ready and
+//!   the CUDA-aware adapter orders streams.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod device;
+mod dtype;
+mod error;
+mod layout;
+mod stream;
+mod tensor;
+mod view;
+
+pub use device::{Device, DeviceType};
+pub use dtype::{DType, DTypeCode, Packing};
+pub use error::Error;
+pub use layout::{Constraint, Layout};
+pub use stream::{
+    Ready, ReadySignal, SignalError, Stream, StreamConvention, StreamHandle, StreamRequest,
+    stream_from_wire, stream_to_wire,
+};
+pub use tensor::{Access, Descriptor, Owner, RawTensor, Tensor};
+pub use view::{Bool8, Element, HostView, HostViewMut, Iter};
+
+// The README's Rust snippets are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

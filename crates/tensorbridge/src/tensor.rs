@@ -1,0 +1,659 @@
+//! The trust boundary: untrusted [`RawTensor`] -> validated [`Descriptor`] -> [`Tensor`].
+
+use std::any::Any;
+use std::fmt;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use crate::view::{Element, HostView, HostViewMut};
+use crate::{DType, Device, Error, Layout, Packing, Ready};
+
+/// Whether consumers may write through a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Access {
+    /// Consumers must not write (DLPack `READ_ONLY`, CAI `data[1] == True`).
+    ReadOnly,
+    /// Consumers may write.
+    #[default]
+    ReadWrite,
+}
+
+/// Whatever keeps a tensor's memory alive. Dropping the last clone releases the memory, for
+/// example by running a DLPack producer's deleter or dropping a Python reference.
+pub type Owner = Arc<dyn Any + Send + Sync>;
+
+/// An untrusted description of a tensor, as it arrives from foreign code: raw integer codes,
+/// borrowed shape and strides, nothing checked. [`RawTensor::validate`] is the only way on.
+///
+/// Validation never dereferences `data`.
+#[derive(Clone, Copy, Debug)]
+pub struct RawTensor<'a> {
+    /// Data pointer (an address, or a handle on devices such as OpenCL). 0 is allowed only
+    /// for tensors without elements.
+    pub data: usize,
+    /// DLPack `DLDeviceType` code.
+    pub device_type: i32,
+    /// DLPack device id.
+    pub device_id: i32,
+    /// DLPack `DLDataTypeCode`.
+    pub dtype_code: u8,
+    /// Bits per lane.
+    pub dtype_bits: u8,
+    /// Lanes per element.
+    pub dtype_lanes: u16,
+    /// Extents.
+    pub shape: &'a [i64],
+    /// Strides in units of elements; `None` means compact row-major.
+    pub strides: Option<&'a [i64]>,
+    /// Bytes from `data` to element 0.
+    pub byte_offset: u64,
+    /// Whether consumers may write.
+    pub access: Access,
+    /// How sub-byte elements are laid out (ignored for whole-byte types).
+    pub packing: Packing,
+}
+
+impl<'a> RawTensor<'a> {
+    /// A raw descriptor for host memory of the given dtype, C order, read-write; fill in the
+    /// other fields with struct update syntax.
+    pub fn host(data: usize, dtype: DType, shape: &'a [i64]) -> RawTensor<'a> {
+        RawTensor {
+            data,
+            device_type: Device::CPU.kind.code(),
+            device_id: 0,
+            dtype_code: dtype.code().code(),
+            dtype_bits: dtype.bits(),
+            dtype_lanes: dtype.lanes(),
+            shape,
+            strides: None,
+            byte_offset: 0,
+            access: Access::ReadWrite,
+            packing: Packing::Packed,
+        }
+    }
+
+    /// Checks everything: device and dtype codes, rank agreement, non-negative extents,
+    /// overflow-free element, bit and byte arithmetic, null data only when empty, alignment
+    /// of element 0 for the dtype (devices with addresses), and that the byte span the strides
+    /// reach fits in the address space.
+    pub fn validate(&self) -> Result<Descriptor, Error> {
+        let device = Device::from_dlpack(self.device_type, self.device_id)?;
+        let dtype = DType::from_dlpack(self.dtype_code, self.dtype_bits, self.dtype_lanes)?;
+        let layout = Layout::new(self.shape, self.strides, self.byte_offset)?;
+        Descriptor::new(self.data, device, dtype, self.packing, layout, self.access)
+    }
+}
+
+/// A validated description of a tensor: where its bytes are, what they mean, and how they
+/// are laid out. Holds no owner and promises nothing about the memory; see [`Tensor`].
+///
+/// Built only by [`Descriptor::new`] and [`RawTensor::validate`]; every getter is infallible.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Descriptor {
+    data: usize,
+    device: Device,
+    dtype: DType,
+    packing: Packing,
+    layout: Layout,
+    access: Access,
+    nbytes: u64,
+    /// Bytes reached relative to element 0, `[lo, hi)`.
+    span: (i64, i64),
+}
+
+impl Descriptor {
+    /// Validates typed parts; see [`RawTensor::validate`] for what is checked.
+    pub fn new(
+        data: usize,
+        device: Device,
+        dtype: DType,
+        packing: Packing,
+        layout: Layout,
+        access: Access,
+    ) -> Result<Descriptor, Error> {
+        let packing = if dtype.is_subbyte() {
+            packing
+        } else {
+            Packing::Packed
+        };
+        let bits = i128::from(dtype.storage_bits(packing));
+        let numel = layout.numel();
+        let nbytes =
+            u64::try_from((i128::from(numel) * bits + 7) / 8).map_err(|_| Error::Overflow {
+                what: "number of bytes",
+            })?;
+        // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
+        for &s in layout.strides_elems() {
+            if i64::try_from(i128::from(s) * bits).is_err() {
+                return Err(Error::Overflow {
+                    what: "byte stride",
+                });
+            }
+        }
+        let span = if numel == 0 {
+            (0, 0)
+        } else {
+            let (lo, hi) = layout.elem_reach();
+            let lo_bits = i128::from(lo) * bits;
+            let hi_bits = (i128::from(hi) + 1) * bits;
+            let lo_b = lo_bits.div_euclid(8);
+            let hi_b = (hi_bits + 7).div_euclid(8);
+            let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
+            (fit(lo_b)?, fit(hi_b)?)
+        };
+        let byte_offset = layout.byte_offset();
+        // Base 0 for handle devices: offsets inside the handle's buffer must be >= 0 too.
+        let base: i128 = if device.kind.has_addresses() {
+            data as i128
+        } else {
+            0
+        };
+        let first = base + i128::from(byte_offset);
+        let out_of_space = |reach: i128| Error::OutOfAddressSpace {
+            addr: first.min(usize::MAX as i128) as usize,
+            reach,
+        };
+        if first > usize::MAX as i128 {
+            return Err(out_of_space(0));
+        }
+        if first + i128::from(span.0) < 0 {
+            return Err(out_of_space(i128::from(span.0)));
+        }
+        if first + i128::from(span.1) > usize::MAX as i128 {
+            return Err(out_of_space(i128::from(span.1)));
+        }
+        if numel > 0 && data == 0 {
+            return Err(Error::NullData { numel });
+        }
+        let align = dtype.alignment();
+        // `first` fits usize (checked above).
+        let addr = first as usize;
+        if numel > 0 && device.kind.has_addresses() && !addr.is_multiple_of(align) {
+            return Err(Error::Misaligned { addr, align });
+        }
+        Ok(Descriptor {
+            data,
+            device,
+            dtype,
+            packing,
+            layout,
+            access,
+            nbytes,
+            span,
+        })
+    }
+
+    /// The data pointer as given (an address, or a handle on devices without addresses).
+    pub fn data(&self) -> usize {
+        self.data
+    }
+
+    /// The address of element 0 (`data + byte_offset`) on devices with addresses; `data`
+    /// itself on handle devices, where the byte offset must travel separately.
+    pub fn data_ptr(&self) -> usize {
+        if self.device.kind.has_addresses() {
+            // Checked to fit in `Descriptor::new`.
+            self.data + self.layout.byte_offset() as usize
+        } else {
+            self.data
+        }
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// How sub-byte elements are laid out; always [`Packing::Packed`] for whole-byte types.
+    pub fn packing(&self) -> Packing {
+        self.packing
+    }
+
+    /// Shape, strides and byte offset.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Extents, all >= 0.
+    pub fn shape(&self) -> &[i64] {
+        self.layout.shape()
+    }
+
+    /// Strides in units of elements.
+    pub fn strides_elems(&self) -> &[i64] {
+        self.layout.strides_elems()
+    }
+
+    /// Strides in bytes. Fails only for packed sub-byte types where a stride is not a whole
+    /// number of bytes ([`Error::SubByteStride`]).
+    pub fn strides_bytes(&self) -> Result<Vec<i64>, Error> {
+        let bits = self.dtype.storage_bits(self.packing);
+        self.strides_elems()
+            .iter()
+            .enumerate()
+            .map(|(dim, &s)| {
+                // Exact in i64: checked in `Descriptor::new`.
+                let b = i128::from(s) * i128::from(bits);
+                if b % 8 != 0 {
+                    Err(Error::SubByteStride {
+                        dim,
+                        stride: s,
+                        bits,
+                    })
+                } else {
+                    Ok((b / 8) as i64)
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes from `data` to element 0.
+    pub fn byte_offset(&self) -> u64 {
+        self.layout.byte_offset()
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.layout.numel()
+    }
+
+    /// Bytes the elements occupy: `numel * itemsize` (packed sub-byte types: rounded up to
+    /// whole bytes). Not the span: a broadcast tensor's span is smaller, a strided one's larger.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// The bytes `[lowest, highest)` that the strides reach: absolute addresses on devices
+    /// with addresses, offsets from the handle on others. Empty for tensors without elements.
+    pub fn byte_span(&self) -> Range<usize> {
+        let first = if self.device.kind.has_addresses() {
+            self.data_ptr()
+        } else {
+            self.byte_offset() as usize
+        };
+        // Both ends checked to fit in `Descriptor::new`.
+        let lo = (first as i128 + i128::from(self.span.0)) as usize;
+        let hi = (first as i128 + i128::from(self.span.1)) as usize;
+        lo..hi
+    }
+
+    /// The span's bytes relative to element 0, `[lo, hi)`.
+    pub fn byte_span_from_first(&self) -> (i64, i64) {
+        self.span
+    }
+
+    /// Read-only or read-write.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Whether consumers must not write.
+    pub fn is_readonly(&self) -> bool {
+        self.access == Access::ReadOnly
+    }
+
+    /// The same description with writes forbidden. (The opposite direction is not offered:
+    /// only whoever vouches for the memory may grant writes.)
+    pub fn to_readonly(&self) -> Descriptor {
+        Descriptor {
+            access: Access::ReadOnly,
+            ..self.clone()
+        }
+    }
+
+    /// The same tensor described with `byte_offset = 0` and the offset folded into the data
+    /// pointer, which is what consumers that ignore `byte_offset` need (PROTOCOLS.md pitfall
+    /// 13). Unchanged on handle devices, whose offset cannot be folded.
+    pub fn with_offset_folded(&self) -> Descriptor {
+        if !self.device.kind.has_addresses() || self.byte_offset() == 0 {
+            return self.clone();
+        }
+        Descriptor {
+            data: self.data_ptr(),
+            layout: self.layout.with_byte_offset(0),
+            ..self.clone()
+        }
+    }
+}
+
+impl fmt::Debug for Descriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Descriptor")
+            .field("data", &format_args!("{:#x}", self.data))
+            .field("device", &format_args!("{}", self.device))
+            .field("dtype", &format_args!("{}", self.dtype))
+            .field("shape", &self.shape())
+            .field("strides_elems", &self.strides_elems())
+            .field("byte_offset", &self.byte_offset())
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+/// A validated tensor description together with the owner that keeps its memory alive and
+/// where its data becomes ready. Cheap to clone (no heap allocation for up to 8 dimensions);
+/// dropping the last clone drops the owner, which releases the memory exactly once.
+///
+/// `Tensor` dereferences to its [`Descriptor`] for the layout getters: a tensor *is* a
+/// descriptor with a guarantee attached, and repeating two dozen getters would add nothing.
+#[derive(Clone)]
+pub struct Tensor {
+    desc: Descriptor,
+    owner: Owner,
+    ready: Ready,
+}
+
+impl Tensor {
+    /// Attaches an owner to a validated description.
+    ///
+    /// # Safety
+    /// The caller guarantees, until every clone of `owner` is dropped (the tensor and its
+    /// clones hold one each):
+    /// 1. every byte of `desc.byte_span()` is valid memory on `desc.device()`, readable, and
+    ///    writable too when `desc.access()` is [`Access::ReadWrite`];
+    /// 2. on host-accessible devices, no one else writes those bytes while a host view of
+    ///    this tensor reads them, and no one else reads or writes them while a mutable host
+    ///    view writes (device-side ordering is what [`Ready`] is for).
+    pub unsafe fn from_descriptor(desc: Descriptor, owner: Owner) -> Tensor {
+        Tensor {
+            desc,
+            owner,
+            ready: Ready::Now,
+        }
+    }
+
+    /// A writable host tensor that owns `data`, with the given shape in C order.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> Result<Tensor, Error> {
+        let layout = Layout::row_major(shape)?;
+        if layout.numel() != data.len() as u64 {
+            return Err(Error::ElementCount {
+                numel: layout.numel(),
+                len: data.len(),
+            });
+        }
+        let owner = BoxOwner::new(data.into_boxed_slice());
+        let desc = Descriptor::new(
+            owner.ptr as usize,
+            Device::CPU,
+            T::DTYPE,
+            Packing::Packed,
+            layout,
+            Access::ReadWrite,
+        )?;
+        // SAFETY:
+        // - the span is the boxed slice's `len` elements in C order, which `BoxOwner` keeps
+        //   allocated (and writable: it came from `Box::into_raw`) until its last clone drops;
+        // - the slice is reachable only through the raw pointer, never through a reference,
+        //   so host views are the only readers and writers and uphold obligation 2 themselves.
+        Ok(unsafe { Tensor::from_descriptor(desc, Arc::new(owner)) })
+    }
+
+    /// The validated description.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    /// The owner; clone it to keep the memory alive beyond this tensor.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Where the data becomes ready.
+    pub fn ready(&self) -> &Ready {
+        &self.ready
+    }
+
+    /// The same tensor, ready per `ready` (adapters call this when they know the producer
+    /// stream or have recorded an event).
+    pub fn with_ready(self, ready: Ready) -> Tensor {
+        Tensor { ready, ..self }
+    }
+
+    /// The same tensor, read-only.
+    pub fn into_readonly(self) -> Tensor {
+        Tensor {
+            desc: self.desc.to_readonly(),
+            ..self
+        }
+    }
+
+    /// The same tensor with its byte offset folded into the data pointer
+    /// ([`Descriptor::with_offset_folded`]).
+    pub fn into_offset_folded(self) -> Tensor {
+        Tensor {
+            desc: self.desc.with_offset_folded(),
+            ..self
+        }
+    }
+
+    /// A typed read-only view over host memory.
+    ///
+    /// Fails unless the memory is host-accessible, `T` matches the dtype, and the data is
+    /// ready ([`Ready::Now`]; synchronise through the adapter that made the tensor first).
+    pub fn host_view<T: Element>(&self) -> Result<HostView<'_, T>, Error> {
+        self.check_host::<T>()?;
+        // SAFETY: `check_host` established host accessibility, dtype agreement (so `T`'s
+        // size and alignment match the validated layout) and readiness; the owner guarantees
+        // validity of the span for reads while `self` is borrowed.
+        Ok(unsafe { HostView::new(self) })
+    }
+
+    /// A typed writable view over host memory.
+    ///
+    /// # Safety
+    /// 1. While the view lives, nothing else reads or writes the tensor's bytes: no other
+    ///    view of this tensor or of a clone, no foreign code.
+    pub unsafe fn host_view_mut<T: Element>(&self) -> Result<HostViewMut<'_, T>, Error> {
+        if self.is_readonly() {
+            return Err(Error::ReadOnly);
+        }
+        self.check_host::<T>()?;
+        // SAFETY: as in `host_view`, plus write access (checked just above: the owner vouched
+        // for writes) and exclusivity (caller obligation 1).
+        Ok(unsafe { HostViewMut::new(self) })
+    }
+
+    fn check_host<T: Element>(&self) -> Result<(), Error> {
+        if !self.device().kind.is_host_accessible() {
+            return Err(Error::NotHostAccessible {
+                device: self.device(),
+            });
+        }
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                expected: T::DTYPE,
+                found: self.dtype(),
+            });
+        }
+        if !self.ready.is_now() {
+            return Err(Error::NotReady);
+        }
+        Ok(())
+    }
+}
+
+impl Deref for Tensor {
+    type Target = Descriptor;
+
+    fn deref(&self) -> &Descriptor {
+        &self.desc
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("desc", &self.desc)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Owns a boxed slice through a raw pointer, so no reference to its elements exists while
+/// host views read and write them.
+struct BoxOwner<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> BoxOwner<T> {
+    fn new(data: Box<[T]>) -> Self {
+        let len = data.len();
+        let ptr = Box::into_raw(data).cast::<T>();
+        BoxOwner { ptr, len }
+    }
+}
+
+impl<T> Drop for BoxOwner<T> {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr, self.len);
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` in `BoxOwner::new` and this is the only
+        // place that turns them back, once, when the owner itself is dropped.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+// SAFETY: `BoxOwner<T>` is a `Box<[T]>` behind a raw pointer; it is sent and shared exactly
+// like one. `T: Element` types are plain `Copy` data with no thread affinity.
+unsafe impl<T: Send> Send for BoxOwner<T> {}
+// SAFETY: shared access never hands out `&T` (only the tensor's raw pointer reads it), so
+// sharing needs no more than `Box<[T]>: Sync`.
+unsafe impl<T: Sync> Sync for BoxOwner<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(shape: &[i64]) -> RawTensor<'_> {
+        RawTensor::host(0x1000, DType::FLOAT32, shape)
+    }
+
+    #[test]
+    fn null_data_only_when_empty() {
+        let r = RawTensor {
+            data: 0,
+            ..raw(&[0, 3])
+        };
+        assert!(r.validate().is_ok());
+        let r = RawTensor {
+            data: 0,
+            ..raw(&[2, 3])
+        };
+        assert_eq!(r.validate(), Err(Error::NullData { numel: 6 }));
+    }
+
+    #[test]
+    fn alignment_of_first_element() {
+        let r = RawTensor {
+            byte_offset: 2,
+            ..raw(&[4])
+        };
+        assert_eq!(
+            r.validate(),
+            Err(Error::Misaligned {
+                addr: 0x1002,
+                align: 4
+            })
+        );
+        let r = RawTensor {
+            byte_offset: 4,
+            ..raw(&[4])
+        };
+        assert_eq!(r.validate().unwrap().data_ptr(), 0x1004);
+        // OpenCL pointers are handles: no alignment, no folding.
+        let r = RawTensor {
+            device_type: 4,
+            byte_offset: 2,
+            ..raw(&[4])
+        };
+        let d = r.validate().unwrap();
+        assert_eq!(d.data_ptr(), 0x1000);
+        assert_eq!(d.with_offset_folded().byte_offset(), 2);
+    }
+
+    #[test]
+    fn span_must_fit_in_the_address_space() {
+        let strides = [-1i64];
+        let r = RawTensor {
+            strides: Some(&strides),
+            ..raw(&[0x2000])
+        };
+        assert!(matches!(r.validate(), Err(Error::OutOfAddressSpace { .. })));
+        let r = RawTensor {
+            data: usize::MAX - 7,
+            ..raw(&[4])
+        };
+        assert!(matches!(
+            r.validate(),
+            Err(Error::OutOfAddressSpace { .. } | Error::Misaligned { .. })
+        ));
+        let r = RawTensor {
+            data: usize::MAX - 15,
+            ..raw(&[4])
+        };
+        assert!(matches!(r.validate(), Err(Error::OutOfAddressSpace { .. })));
+    }
+
+    #[test]
+    fn span_nbytes_and_byte_strides() {
+        let strides = [-4i64, 1];
+        let r = RawTensor {
+            strides: Some(&strides),
+            byte_offset: 32,
+            ..raw(&[3, 4])
+        };
+        let d = r.validate().unwrap();
+        assert_eq!(d.byte_span(), 0x1000..0x1000 + 48);
+        assert_eq!(d.nbytes(), 48);
+        assert_eq!(d.strides_bytes().unwrap(), vec![-16, 4]);
+        let folded = d.with_offset_folded();
+        assert_eq!((folded.data(), folded.byte_offset()), (0x1020, 0));
+        assert_eq!(folded.byte_span(), d.byte_span());
+    }
+
+    #[test]
+    fn packed_subbyte_spans_count_bits() {
+        let shape = [5i64];
+        let r = RawTensor {
+            dtype_code: 17,
+            dtype_bits: 4,
+            ..raw(&shape)
+        };
+        let d = r.validate().unwrap();
+        assert_eq!(d.nbytes(), 3);
+        assert_eq!(d.byte_span().len(), 3);
+        assert!(matches!(
+            d.strides_bytes(),
+            Err(Error::SubByteStride { dim: 0, .. })
+        ));
+        let padded = RawTensor {
+            packing: Packing::Padded,
+            ..r
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(padded.nbytes(), 5);
+        assert_eq!(padded.strides_bytes().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn from_vec_checks_the_count() {
+        assert_eq!(
+            Tensor::from_vec(vec![1.0f32; 5], &[2, 3]).unwrap_err(),
+            Error::ElementCount { numel: 6, len: 5 }
+        );
+        let t = Tensor::from_vec(vec![1u8, 2, 3], &[3]).unwrap();
+        assert_eq!(t.numel(), 3);
+        assert_eq!(t.dtype(), DType::UINT8);
+    }
+}
