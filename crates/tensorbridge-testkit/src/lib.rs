@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use tensorbridge::{
-    Access, DType, DTypeCode, Descriptor, Element, Layout, Owner, Packing, RawTensor, Tensor,
+    Access, DType, DTypeCode, Descriptor, DeviceType, Element, Layout, Owner, Packing, RawTensor,
+    Tensor,
 };
 
 /// Counts how many owners made by [`DropCounter::owner`] have been dropped.
@@ -173,6 +174,22 @@ pub fn valid_raw() -> impl Strategy<Value = RawParts> {
                 // A base far from both ends of the address space, aligned for every dtype,
                 // leaving room for negative reach (at most 8 * 4 * 7 elements of <= 2^20 bytes).
                 let data = if empty && null { 0 } else { 1usize << 44 };
+                // On handle devices (OpenCL...) the offset is inside the handle's buffer, so
+                // negative reach must be covered by the byte offset.
+                let handle = !DeviceType::from_code(device_type)
+                    .expect("device_code() yields known codes")
+                    .has_addresses();
+                let below = if handle && !empty {
+                    let reach: i64 = shape
+                        .iter()
+                        .zip(&strides)
+                        .map(|(&n, &s)| ((n - 1) * s).min(0))
+                        .sum();
+                    (-reach) as u64 * elem_bytes
+                } else {
+                    0
+                };
+                let below = if row_major { 0 } else { below };
                 RawParts {
                     data,
                     device_type,
@@ -182,7 +199,7 @@ pub fn valid_raw() -> impl Strategy<Value = RawParts> {
                     dtype_lanes: dt.lanes(),
                     shape,
                     strides: if row_major { None } else { Some(strides) },
-                    byte_offset: offset_elems * elem_bytes.max(1) / align * align,
+                    byte_offset: below + offset_elems * elem_bytes.max(1) / align * align,
                     readonly: ro,
                     padded,
                 }

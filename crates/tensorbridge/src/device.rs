@@ -48,7 +48,7 @@ pub enum DeviceType {
 }
 
 /// One row per device type: code, variant, the name used in `"cuda:0"`-style strings.
-const DEVICES: [(i32, DeviceType, &str); 16] = [
+static DEVICES: [(i32, DeviceType, &str); 16] = [
     (1, DeviceType::Cpu, "cpu"),
     (2, DeviceType::Cuda, "cuda"),
     (3, DeviceType::CudaHost, "cuda_host"),
@@ -68,7 +68,7 @@ const DEVICES: [(i32, DeviceType, &str); 16] = [
 ];
 
 /// Names other libraries use for the same device types, accepted when parsing.
-const DEVICE_ALIASES: [(&str, DeviceType); 4] = [
+static DEVICE_ALIASES: [(&str, DeviceType); 4] = [
     ("cpu_pinned", DeviceType::CudaHost),
     ("cuda_pinned", DeviceType::CudaHost),
     ("hip", DeviceType::Rocm),

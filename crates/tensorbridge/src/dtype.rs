@@ -52,7 +52,7 @@ pub enum DTypeCode {
 
 /// One row per code: the code, the variant, the name stem users type, and the bit widths
 /// DLPack allows for it. The single source of truth for codes, names and bit rules.
-const CODES: [(u8, DTypeCode, &str, &[u8]); 18] = [
+static CODES: [(u8, DTypeCode, &str, &[u8]); 18] = [
     (0, DTypeCode::Int, "int", &[8, 16, 32, 64]),
     (1, DTypeCode::UInt, "uint", &[8, 16, 32, 64]),
     (2, DTypeCode::Float, "float", &[16, 32, 64]),
@@ -276,7 +276,7 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Aliases accepted by [`str::parse`] besides the canonical names.
-const ALIASES: [(&str, DType); 9] = [
+static ALIASES: [(&str, DType); 9] = [
     ("half", DType::FLOAT16),
     ("float", DType::FLOAT32),
     ("double", DType::FLOAT64),

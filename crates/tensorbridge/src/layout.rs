@@ -46,22 +46,15 @@ impl Layout {
     /// Fails on rank disagreement, negative extents, and any overflow: the number of
     /// elements must fit in `u64`, and every stride and every reachable element offset must
     /// lie within `±(i64::MAX >> 8)`.
+    #[inline]
     pub fn new(shape: &[i64], strides: Option<&[i64]>, byte_offset: u64) -> Result<Layout, Error> {
-        let shape: Dims = SmallVec::from_slice(shape);
-        let strides = match strides {
-            Some(s) if s.len() != shape.len() => {
-                return Err(Error::RankMismatch {
-                    shape: shape.len(),
-                    strides: s.len(),
-                });
-            }
-            Some(s) => SmallVec::from_slice(s),
+        match strides {
+            Some(s) => Layout::from_slices(shape, s, byte_offset),
             None => {
-                check_extents(&shape)?;
-                row_major_strides(&shape)?
+                check_extents(shape)?;
+                Layout::from_slices(shape, &row_major_strides(shape)?, byte_offset)
             }
-        };
-        Layout::from_dims(shape, strides, byte_offset)
+        }
     }
 
     /// The compact row-major (C order) layout of `shape`, byte offset 0.
@@ -80,52 +73,38 @@ impl Layout {
                 what: "column-major strides",
             })?;
         }
-        Layout::from_dims(SmallVec::from_slice(shape), strides, 0)
+        Layout::from_slices(shape, &strides, 0)
     }
 
-    fn from_dims(shape: Dims, strides: Dims, byte_offset: u64) -> Result<Layout, Error> {
-        check_extents(&shape)?;
-        let numel = if shape.contains(&0) {
-            0
-        } else {
-            shape
-                .iter()
-                .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
-                .ok_or(Error::Overflow {
-                    what: "number of elements",
-                })?
-        };
-        let overflow = Error::Overflow {
-            what: "element offset reach",
-        };
-        let mut lo: i128 = 0;
-        let mut hi: i128 = 0;
-        for (&n, &s) in shape.iter().zip(&strides) {
-            if s.unsigned_abs() > MAX_ELEM_REACH as u64 {
-                return Err(overflow);
-            }
-            if numel == 0 {
-                continue;
-            }
-            // n >= 1 here; i128 cannot overflow for one product of two i64.
-            let ext = i128::from(n - 1) * i128::from(s);
-            if ext < 0 {
-                lo += ext;
-            } else {
-                hi += ext;
-            }
-            if lo < -i128::from(MAX_ELEM_REACH) || hi > i128::from(MAX_ELEM_REACH) {
-                return Err(overflow);
-            }
-        }
-        Ok(Layout {
-            shape,
-            strides,
+    #[inline]
+    fn from_slices(shape: &[i64], strides: &[i64], byte_offset: u64) -> Result<Layout, Error> {
+        let facts = Facts::check(shape, strides)?;
+        Ok(Layout::from_checked(shape, strides, byte_offset, facts))
+    }
+
+    /// Builds a layout from dimensions that passed [`Facts::check`], copying them once.
+    #[inline]
+    pub(crate) fn from_checked(
+        shape: &[i64],
+        strides: &[i64],
+        byte_offset: u64,
+        facts: Facts,
+    ) -> Layout {
+        Layout {
+            shape: SmallVec::from_slice(shape),
+            strides: SmallVec::from_slice(strides),
             byte_offset,
-            numel,
-            // Both bounded by MAX_ELEM_REACH just above.
-            reach: (lo as i64, hi as i64),
-        })
+            numel: facts.numel,
+            reach: facts.reach,
+        }
+    }
+
+    /// The facts validation established.
+    pub(crate) fn facts(&self) -> Facts {
+        Facts {
+            numel: self.numel,
+            reach: self.reach,
+        }
     }
 
     /// Number of dimensions.
@@ -331,8 +310,71 @@ impl Layout {
     }
 }
 
+/// What checking a shape and strides establishes, computed on borrowed slices so the
+/// trust boundary copies the dimensions only once, into the final descriptor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Facts {
+    /// Number of elements.
+    pub(crate) numel: u64,
+    /// Lowest and highest element offsets reached relative to element 0.
+    pub(crate) reach: (i64, i64),
+}
+
+impl Facts {
+    /// Rank agreement, extents >= 0, element count in `u64`, strides and reach within
+    /// `±MAX_ELEM_REACH`.
+    #[inline]
+    pub(crate) fn check(shape: &[i64], strides: &[i64]) -> Result<Facts, Error> {
+        if strides.len() != shape.len() {
+            return Err(Error::RankMismatch {
+                shape: shape.len(),
+                strides: strides.len(),
+            });
+        }
+        check_extents(shape)?;
+        let numel = if shape.contains(&0) {
+            0
+        } else {
+            shape
+                .iter()
+                .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
+                .ok_or(Error::Overflow {
+                    what: "number of elements",
+                })?
+        };
+        let overflow = Error::Overflow {
+            what: "element offset reach",
+        };
+        let mut lo: i128 = 0;
+        let mut hi: i128 = 0;
+        for (&n, &s) in shape.iter().zip(strides) {
+            if s.unsigned_abs() > MAX_ELEM_REACH as u64 {
+                return Err(overflow);
+            }
+            if numel == 0 {
+                continue;
+            }
+            // n >= 1 here; i128 cannot overflow for one product of two i64.
+            let ext = i128::from(n - 1) * i128::from(s);
+            if ext < 0 {
+                lo += ext;
+            } else {
+                hi += ext;
+            }
+            if lo < -i128::from(MAX_ELEM_REACH) || hi > i128::from(MAX_ELEM_REACH) {
+                return Err(overflow);
+            }
+        }
+        Ok(Facts {
+            numel,
+            // Both bounded by MAX_ELEM_REACH just above.
+            reach: (lo as i64, hi as i64),
+        })
+    }
+}
+
 /// Computes compact row-major strides; extents must already be non-negative.
-fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
+pub(crate) fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
     let mut strides: Dims = SmallVec::from_elem(0, shape.len());
     let mut acc: i64 = 1;
     for d in (0..shape.len()).rev() {
@@ -344,7 +386,7 @@ fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
     Ok(strides)
 }
 
-fn check_extents(shape: &[i64]) -> Result<(), Error> {
+pub(crate) fn check_extents(shape: &[i64]) -> Result<(), Error> {
     match shape.iter().position(|&n| n < 0) {
         Some(dim) => Err(Error::NegativeSize {
             dim,

@@ -5,6 +5,7 @@ use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use crate::layout::{Facts, check_extents, row_major_strides};
 use crate::view::{Element, HostView, HostViewMut};
 use crate::{DType, Device, Error, Layout, Packing, Ready};
 
@@ -76,11 +77,40 @@ impl<'a> RawTensor<'a> {
     /// overflow-free element, bit and byte arithmetic, null data only when empty, alignment
     /// of element 0 for the dtype (devices with addresses), and that the byte span the strides
     /// reach fits in the address space.
+    #[inline]
     pub fn validate(&self) -> Result<Descriptor, Error> {
         let device = Device::from_dlpack(self.device_type, self.device_id)?;
         let dtype = DType::from_dlpack(self.dtype_code, self.dtype_bits, self.dtype_lanes)?;
-        let layout = Layout::new(self.shape, self.strides, self.byte_offset)?;
-        Descriptor::new(self.data, device, dtype, self.packing, layout, self.access)
+        // Checks run on the borrowed slices; the dimensions are copied once, into the result.
+        let row_major;
+        let strides = match self.strides {
+            Some(s) => s,
+            None => {
+                check_extents(self.shape)?;
+                row_major = row_major_strides(self.shape)?;
+                &row_major[..]
+            }
+        };
+        let facts = Facts::check(self.shape, strides)?;
+        let memory = Memory::check(
+            self.data,
+            device,
+            dtype,
+            self.packing,
+            strides,
+            self.byte_offset,
+            facts,
+        )?;
+        Ok(Descriptor {
+            data: self.data,
+            device,
+            dtype,
+            packing: memory.packing,
+            layout: Layout::from_checked(self.shape, strides, self.byte_offset, facts),
+            access: self.access,
+            nbytes: memory.nbytes,
+            span: memory.span,
+        })
     }
 }
 
@@ -103,6 +133,7 @@ pub struct Descriptor {
 
 impl Descriptor {
     /// Validates typed parts; see [`RawTensor::validate`] for what is checked.
+    #[inline]
     pub fn new(
         data: usize,
         device: Device,
@@ -111,75 +142,24 @@ impl Descriptor {
         layout: Layout,
         access: Access,
     ) -> Result<Descriptor, Error> {
-        let packing = if dtype.is_subbyte() {
-            packing
-        } else {
-            Packing::Packed
-        };
-        let bits = i128::from(dtype.storage_bits(packing));
-        let numel = layout.numel();
-        let nbytes =
-            u64::try_from((i128::from(numel) * bits + 7) / 8).map_err(|_| Error::Overflow {
-                what: "number of bytes",
-            })?;
-        // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
-        for &s in layout.strides_elems() {
-            if i64::try_from(i128::from(s) * bits).is_err() {
-                return Err(Error::Overflow {
-                    what: "byte stride",
-                });
-            }
-        }
-        let span = if numel == 0 {
-            (0, 0)
-        } else {
-            let (lo, hi) = layout.elem_reach();
-            let lo_bits = i128::from(lo) * bits;
-            let hi_bits = (i128::from(hi) + 1) * bits;
-            let lo_b = lo_bits.div_euclid(8);
-            let hi_b = (hi_bits + 7).div_euclid(8);
-            let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
-            (fit(lo_b)?, fit(hi_b)?)
-        };
-        let byte_offset = layout.byte_offset();
-        // Base 0 for handle devices: offsets inside the handle's buffer must be >= 0 too.
-        let base: i128 = if device.kind.has_addresses() {
-            data as i128
-        } else {
-            0
-        };
-        let first = base + i128::from(byte_offset);
-        let out_of_space = |reach: i128| Error::OutOfAddressSpace {
-            addr: first.min(usize::MAX as i128) as usize,
-            reach,
-        };
-        if first > usize::MAX as i128 {
-            return Err(out_of_space(0));
-        }
-        if first + i128::from(span.0) < 0 {
-            return Err(out_of_space(i128::from(span.0)));
-        }
-        if first + i128::from(span.1) > usize::MAX as i128 {
-            return Err(out_of_space(i128::from(span.1)));
-        }
-        if numel > 0 && data == 0 {
-            return Err(Error::NullData { numel });
-        }
-        let align = dtype.alignment();
-        // `first` fits usize (checked above).
-        let addr = first as usize;
-        if numel > 0 && device.kind.has_addresses() && !addr.is_multiple_of(align) {
-            return Err(Error::Misaligned { addr, align });
-        }
-        Ok(Descriptor {
+        let memory = Memory::check(
             data,
             device,
             dtype,
             packing,
+            layout.strides_elems(),
+            layout.byte_offset(),
+            layout.facts(),
+        )?;
+        Ok(Descriptor {
+            data,
+            device,
+            dtype,
+            packing: memory.packing,
             layout,
             access,
-            nbytes,
-            span,
+            nbytes: memory.nbytes,
+            span: memory.span,
         })
     }
 
@@ -326,6 +306,93 @@ impl Descriptor {
     }
 }
 
+/// What checking the memory side of a descriptor establishes.
+struct Memory {
+    packing: Packing,
+    nbytes: u64,
+    /// Bytes reached relative to element 0, `[lo, hi)`.
+    span: (i64, i64),
+}
+
+impl Memory {
+    /// Byte arithmetic, null data, address space and alignment; see [`RawTensor::validate`].
+    #[inline]
+    fn check(
+        data: usize,
+        device: Device,
+        dtype: DType,
+        packing: Packing,
+        strides: &[i64],
+        byte_offset: u64,
+        facts: Facts,
+    ) -> Result<Memory, Error> {
+        let packing = if dtype.is_subbyte() {
+            packing
+        } else {
+            Packing::Packed
+        };
+        let bits = i128::from(dtype.storage_bits(packing));
+        let numel = facts.numel;
+        let nbytes =
+            u64::try_from((i128::from(numel) * bits + 7) / 8).map_err(|_| Error::Overflow {
+                what: "number of bytes",
+            })?;
+        // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
+        for &s in strides {
+            if i64::try_from(i128::from(s) * bits).is_err() {
+                return Err(Error::Overflow {
+                    what: "byte stride",
+                });
+            }
+        }
+        let span = if numel == 0 {
+            (0, 0)
+        } else {
+            let (lo, hi) = facts.reach;
+            let lo_bits = i128::from(lo) * bits;
+            let hi_bits = (i128::from(hi) + 1) * bits;
+            let lo_b = lo_bits.div_euclid(8);
+            let hi_b = (hi_bits + 7).div_euclid(8);
+            let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
+            (fit(lo_b)?, fit(hi_b)?)
+        };
+        // Base 0 for handle devices: offsets inside the handle's buffer must be >= 0 too.
+        let base: i128 = if device.kind.has_addresses() {
+            data as i128
+        } else {
+            0
+        };
+        let first = base + i128::from(byte_offset);
+        let out_of_space = |reach: i128| Error::OutOfAddressSpace {
+            addr: first.min(usize::MAX as i128) as usize,
+            reach,
+        };
+        if first > usize::MAX as i128 {
+            return Err(out_of_space(0));
+        }
+        if first + i128::from(span.0) < 0 {
+            return Err(out_of_space(i128::from(span.0)));
+        }
+        if first + i128::from(span.1) > usize::MAX as i128 {
+            return Err(out_of_space(i128::from(span.1)));
+        }
+        if numel > 0 && data == 0 {
+            return Err(Error::NullData { numel });
+        }
+        let align = dtype.alignment();
+        // `first` fits usize (checked above).
+        let addr = first as usize;
+        if numel > 0 && device.kind.has_addresses() && !addr.is_multiple_of(align) {
+            return Err(Error::Misaligned { addr, align });
+        }
+        Ok(Memory {
+            packing,
+            nbytes,
+            span,
+        })
+    }
+}
+
 impl fmt::Debug for Descriptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Descriptor")
@@ -364,6 +431,7 @@ impl Tensor {
     /// 2. on host-accessible devices, no one else writes those bytes while a host view of
     ///    this tensor reads them, and no one else reads or writes them while a mutable host
     ///    view writes (device-side ordering is what [`Ready`] is for).
+    #[inline]
     pub unsafe fn from_descriptor(desc: Descriptor, owner: Owner) -> Tensor {
         Tensor {
             desc,
