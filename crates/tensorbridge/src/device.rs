@@ -77,6 +77,7 @@ static DEVICE_ALIASES: [(&str, DeviceType); 4] = [
 
 impl DeviceType {
     /// The variant for a raw DLPack device code, or [`Error::UnknownDeviceType`].
+    #[inline]
     pub fn from_code(code: i32) -> Result<Self, Error> {
         DEVICES
             .iter()
@@ -99,6 +100,7 @@ impl DeviceType {
 
     /// Whether the data pointer is an address (as opposed to a handle such as OpenCL's
     /// `cl_mem`), so alignment can be checked and a byte offset folded into it.
+    #[inline]
     pub fn has_addresses(self) -> bool {
         matches!(
             self,
@@ -172,6 +174,7 @@ impl Device {
     }
 
     /// A device from the raw fields of a DLPack `DLDevice`.
+    #[inline]
     pub fn from_dlpack(device_type: i32, device_id: i32) -> Result<Device, Error> {
         let kind = DeviceType::from_code(device_type)?;
         let ordinal =

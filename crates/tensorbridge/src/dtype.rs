@@ -75,6 +75,7 @@ static CODES: [(u8, DTypeCode, &str, &[u8]); 18] = [
 
 impl DTypeCode {
     /// The variant for a raw DLPack code, or [`Error::UnknownDTypeCode`].
+    #[inline]
     pub fn from_code(code: u8) -> Result<Self, Error> {
         CODES
             .get(usize::from(code))
@@ -87,11 +88,13 @@ impl DTypeCode {
         self as u8
     }
 
+    #[inline]
     fn row(self) -> &'static (u8, DTypeCode, &'static str, &'static [u8]) {
         &CODES[usize::from(self.code())]
     }
 
     /// The bit widths DLPack allows for one lane of this kind.
+    #[inline]
     pub fn allowed_bits(self) -> &'static [u8] {
         self.row().3
     }
@@ -184,6 +187,7 @@ impl DType {
     }
 
     /// A dtype from its parts, checked against the rules of its code.
+    #[inline]
     pub fn new(code: DTypeCode, bits: u8, lanes: u16) -> Result<Self, Error> {
         if !code.allowed_bits().contains(&bits) {
             return Err(Error::InvalidBits {
@@ -199,6 +203,7 @@ impl DType {
     }
 
     /// A dtype from the raw fields of a DLPack `DLDataType`.
+    #[inline]
     pub fn from_dlpack(code: u8, bits: u8, lanes: u16) -> Result<Self, Error> {
         DType::new(DTypeCode::from_code(code)?, bits, lanes)
     }

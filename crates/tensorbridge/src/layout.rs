@@ -374,6 +374,7 @@ impl Facts {
 }
 
 /// Computes compact row-major strides; extents must already be non-negative.
+#[inline]
 pub(crate) fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
     let mut strides: Dims = SmallVec::from_elem(0, shape.len());
     let mut acc: i64 = 1;
@@ -386,6 +387,7 @@ pub(crate) fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
     Ok(strides)
 }
 
+#[inline]
 pub(crate) fn check_extents(shape: &[i64]) -> Result<(), Error> {
     match shape.iter().position(|&n| n < 0) {
         Some(dim) => Err(Error::NegativeSize {

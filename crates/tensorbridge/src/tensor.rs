@@ -382,7 +382,9 @@ impl Memory {
         let align = dtype.alignment();
         // `first` fits usize (checked above).
         let addr = first as usize;
-        if numel > 0 && device.kind.has_addresses() && !addr.is_multiple_of(align) {
+        // Alignments are powers of two (1 to 8): a mask, not a division, on this hot path.
+        debug_assert!(align.is_power_of_two());
+        if numel > 0 && device.kind.has_addresses() && addr & (align - 1) != 0 {
             return Err(Error::Misaligned { addr, align });
         }
         Ok(Memory {
