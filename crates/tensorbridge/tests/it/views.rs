@@ -93,10 +93,8 @@ fn view_refusals_are_typed() {
     );
     let ro = t.clone().into_readonly();
     // SAFETY: no other view exists; the call is refused before any access anyway.
-    assert_eq!(
-        unsafe { ro.host_view_mut::<f32>() }.err(),
-        Some(Error::ReadOnly)
-    );
+    let refused = unsafe { ro.host_view_mut::<f32>() };
+    assert_eq!(refused.err(), Some(Error::ReadOnly));
     let pending = t.clone().with_ready(Ready::Stream(Stream::LegacyDefault));
     assert_eq!(pending.host_view::<f32>().err(), Some(Error::NotReady));
 
