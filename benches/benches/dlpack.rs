@@ -1,0 +1,73 @@
+//! DLPack: `Tensor` -> versioned managed tensor -> `Tensor` round trip, ranks 1, 4 and 8,
+//! next to dlpark's own round trip on the same descriptor (its producer over a shared buffer,
+//! its consumer's validation), in the same group so one run compares them.
+//!
+//! Ours: `export_versioned` (one allocation: the managed struct, a clone of the tensor's
+//! owner, shape and strides), `import_versioned` (the core's full validation at the trust
+//! boundary, one allocation for the new owner), then drop (the deleter frees the export).
+//! dlpark: `metadata::Dynamic` copying shape and strides into its one allocation with an `Arc`
+//! of the buffer as context, then `Managed::from_raw` + `validate` (structural checks only:
+//! no dtype or device codes, alignment or address-span checks), then drop.
+
+use std::hint::black_box;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use dlpark::Managed;
+use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
+use dlpark::metadata::Dynamic;
+use tensorbridge::Tensor;
+use tensorbridge_dlpack::{export_versioned, import_versioned};
+
+fn roundtrip(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dlpack/roundtrip");
+    for rank in [1usize, 4, 8] {
+        let shape: Vec<i64> = (0..rank).map(|d| 2 + (d % 3) as i64).collect();
+        let numel: i64 = shape.iter().product();
+        let tensor = Tensor::from_vec(vec![0.5f32; numel as usize], &shape).expect("valid");
+        let strides = tensor.strides_elems().to_vec();
+
+        group.bench_function(
+            BenchmarkId::new("tensorbridge", format!("rank{rank}")),
+            |b| {
+                b.iter(|| {
+                    let raw = export_versioned(black_box(&tensor))
+                        .expect("exportable")
+                        .into_raw();
+                    let raw = NonNull::new(raw).expect("never null");
+                    // SAFETY: a live export of `tensor`, whose owner (cloned into the export)
+                    // keeps the buffer alive; ownership moves to the import; never written.
+                    let imported = unsafe { import_versioned(raw) }.expect("valid");
+                    black_box(imported)
+                })
+            },
+        );
+
+        // dlpark's own producer and consumer on the same buffer and descriptor.
+        let buffer: Arc<Vec<f32>> = Arc::new(vec![0.5f32; numel as usize]);
+        group.bench_function(BenchmarkId::new("dlpark", format!("rank{rank}")), |b| {
+            b.iter(|| {
+                let data = buffer.as_ptr().cast_mut().cast();
+                let mut init = Dynamic::new(black_box(&shape[..]), black_box(&strides[..]))
+                    .initialize(Arc::clone(&buffer))
+                    .expect("valid metadata");
+                init.set_data(data)
+                    .set_dtype(DLDataType::F32)
+                    .set_device(DLDevice::CPU);
+                // SAFETY: describes the shared buffer, which the context (an `Arc` of it)
+                // keeps alive until the deleter runs; never written.
+                let raw = unsafe { init.finish() }.into_raw();
+                // SAFETY: a live managed tensor from dlpark's producer; ownership moves here.
+                let managed =
+                    unsafe { Managed::<DLManagedTensorVersioned>::from_raw(raw) }.expect("v1");
+                black_box(managed.validate().expect("valid").shape().len());
+                black_box(managed)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, roundtrip);
+criterion_main!(benches);

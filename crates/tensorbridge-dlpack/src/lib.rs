@@ -1,0 +1,86 @@
+//! DLPack for tensorbridge: converts between the core [`Tensor`](tensorbridge::Tensor) and
+//! DLPack managed tensors, both the versioned `DLManagedTensorVersioned` (DLPack 1.x, with
+//! flags) and the legacy `DLManagedTensor`, zero-copy and with exact ownership: every
+//! producer's deleter runs exactly once, when the last user is done. The C ABI is dlpark's
+//! (its `#[repr(C)]` structs, flags and managed-tensor trait, re-exported in [`ffi`]); this
+//! crate adds the mapping to the core model, the trust boundary and the ownership.
+//!
+//! | direction | function | data | stream |
+//! |---|---|---|---|
+//! | import, DLPack 1.x | [`import_versioned`] | zero-copy | none in the C struct: the tensor is [`Ready::Now`](tensorbridge::Ready::Now) |
+//! | import, legacy | [`import_legacy`] | zero-copy | the same |
+//! | export, DLPack 1.3 | [`export_versioned`] | zero-copy | none in the C struct: not ordered |
+//! | export, legacy | [`export_legacy`] | zero-copy | the same |
+//!
+//! DLPack's C structs carry no stream. Stream hand-off belongs to the Python protocol's
+//! `__dlpack__(stream=...)`, which the Python layer (tensorbridge-python) implements: the
+//! producer makes the data ready on the consumer's stream *before* handing the struct over.
+//! So an imported tensor is ready now, and an export does not look at
+//! [`Tensor::ready`](tensorbridge::Tensor::ready): whoever hands the struct to a consumer
+//! orders the consumer's stream first.
+//!
+//! ```
+//! use tensorbridge::Tensor;
+//! use tensorbridge_dlpack::ffi::DlpackFlags;
+//! use tensorbridge_dlpack::export_versioned;
+//!
+//! let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?.into_readonly();
+//! let managed = export_versioned(&t)?;
+//! // What any DLPack consumer sees (here dlpark's, through the handle):
+//! assert_eq!(managed.flags(), DlpackFlags::READ_ONLY);
+//! assert_eq!(managed.validate()?.strides(), Some(&[3i64, 1][..]));
+//! // `managed.into_raw()` hands the struct over; dropping it instead releases the tensor.
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`import_versioned`] shows the way back.
+//!
+//! # Ownership
+//! - **Import** takes ownership of the managed tensor. The resulting tensor's owner holds
+//!   it and calls the producer's deleter exactly once, when the last clone of the tensor is
+//!   dropped, on whichever thread that happens (DLPack deleters may run on any thread). A
+//!   NULL deleter is allowed: then there is nothing to call.
+//! - **A refused import** gives the managed tensor back: the [`ImportError`] holds it, and
+//!   [`ImportError::into_inner`] returns it untouched, for the caller to retry, hand on, or
+//!   release. Dropping the error (or converting it into [`Error`], as `?` does) releases it:
+//!   the deleter runs once. The single exception is a versioned tensor of another major
+//!   version: DLPack requires the consumer to call its deleter and read nothing else, which
+//!   the import does before returning, so there is nothing to give back. Either way a
+//!   refused import never leaks the tensor and never frees it twice.
+//! - **Export** boxes, in one allocation, the managed struct, a clone of the tensor's owner
+//!   (which keeps the data alive) and the storage of the struct's `shape` and `strides`. The
+//!   struct's deleter frees that box exactly once, dropping the owner clone; the returned
+//!   [`dlpark::Managed`] calls it when dropped, unless [`into_raw`](dlpark::Managed::into_raw)
+//!   handed the struct to a consumer, which then calls the deleter itself. The deleter never
+//!   unwinds into the consumer.
+//!
+//! # Limitations
+//! - DLPack carries no stream (see above) and no allocation bounds: importing is `unsafe`
+//!   because only the caller can vouch that the data pointer is valid for what the
+//!   descriptor reaches.
+//! - Versioned imports accept DLPack 1.x of any minor version whose field values this crate
+//!   understands: device and dtype codes of DLPack 1.3, the three flags of 1.3. Null strides
+//!   are accepted (as compact row-major) from legacy and 1.0/1.1 producers and refused from
+//!   1.2 on, as the 1.2 header requires ([`Error::NullStrides`]).
+//! - The legacy struct has no flags: [`import_legacy`] takes the access from the caller,
+//!   [`export_legacy`] refuses read-only tensors unless told to drop the flag
+//!   ([`ReadOnlyPolicy`]), and refuses padded sub-byte data ([`Error::PaddedToLegacy`]).
+//! - Exports never set `IS_COPIED` (they never copy); imports report it in
+//!   [`Imported::is_copied`].
+//! - Python capsules (names, the consumed-once protocol) belong to the Python layer; this
+//!   crate works on the C structs.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+mod export;
+pub mod ffi;
+mod import;
+
+pub use error::{Error, ImportError};
+pub use export::{ReadOnlyPolicy, export_legacy, export_versioned};
+pub use import::{Imported, import_legacy, import_versioned};
+
+/// The dlpark version this crate's ABI types come from, for callers who want its
+/// consumer and producer tools ([`dlpark::Managed`], capsules with its `pyo3` feature).
+pub use dlpark;
