@@ -12,39 +12,40 @@ use crate::Error;
 /// error.
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(i32)]
 pub enum DeviceType {
     /// `kDLCPU` (1): host memory.
-    Cpu,
+    Cpu = 1,
     /// `kDLCUDA` (2): CUDA device memory.
-    Cuda,
+    Cuda = 2,
     /// `kDLCUDAHost` (3): pinned host memory from `cudaMallocHost`.
-    CudaHost,
+    CudaHost = 3,
     /// `kDLOpenCL` (4): the data pointer may be a `cl_mem` handle.
-    OpenCl,
+    OpenCl = 4,
     /// `kDLVulkan` (7).
-    Vulkan,
+    Vulkan = 7,
     /// `kDLMetal` (8).
-    Metal,
+    Metal = 8,
     /// `kDLVPI` (9): Verilog simulator buffer.
-    Vpi,
+    Vpi = 9,
     /// `kDLROCM` (10): AMD ROCm device memory.
-    Rocm,
+    Rocm = 10,
     /// `kDLROCMHost` (11): pinned host memory from `hipMallocHost`.
-    RocmHost,
+    RocmHost = 11,
     /// `kDLExtDev` (12): reserved extension device.
-    ExtDev,
+    ExtDev = 12,
     /// `kDLCUDAManaged` (13): `cudaMallocManaged` unified memory.
-    CudaManaged,
+    CudaManaged = 13,
     /// `kDLOneAPI` (14): oneAPI unified shared memory.
-    OneApi,
+    OneApi = 14,
     /// `kDLWebGPU` (15).
-    WebGpu,
+    WebGpu = 15,
     /// `kDLHexagon` (16): Qualcomm Hexagon DSP.
-    Hexagon,
+    Hexagon = 16,
     /// `kDLMAIA` (17): Microsoft MAIA.
-    Maia,
+    Maia = 17,
     /// `kDLTrn` (18): AWS Trainium.
-    Trn,
+    Trn = 18,
 }
 
 /// One row per device type: code, variant, the name used in `"cuda:0"`-style strings.
@@ -67,6 +68,17 @@ static DEVICES: [(i32, DeviceType, &str); 16] = [
     (18, DeviceType::Trn, "trn"),
 ];
 
+/// `DEVICES` indexed by code (codes 0, 5 and 6 are unassigned).
+static BY_CODE: [Option<DeviceType>; 19] = {
+    let mut table = [None; 19];
+    let mut i = 0;
+    while i < DEVICES.len() {
+        table[DEVICES[i].0 as usize] = Some(DEVICES[i].1);
+        i += 1;
+    }
+    table
+};
+
 /// Names other libraries use for the same device types, accepted when parsing.
 static DEVICE_ALIASES: [(&str, DeviceType); 4] = [
     ("cpu_pinned", DeviceType::CudaHost),
@@ -79,16 +91,16 @@ impl DeviceType {
     /// The variant for a raw DLPack device code, or [`Error::UnknownDeviceType`].
     #[inline]
     pub fn from_code(code: i32) -> Result<Self, Error> {
-        DEVICES
-            .iter()
-            .find(|row| row.0 == code)
-            .map(|row| row.1)
+        // Indexed, not searched: this runs on every import.
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| BY_CODE.get(i).copied().flatten())
             .ok_or(Error::UnknownDeviceType { code })
     }
 
     /// The raw DLPack code.
-    pub fn code(self) -> i32 {
-        self.row().0
+    pub const fn code(self) -> i32 {
+        self as i32
     }
 
     fn row(self) -> &'static (i32, DeviceType, &'static str) {

@@ -22,7 +22,7 @@ pub(crate) type Dims = SmallVec<[i64; INLINE_DIMS]>;
 /// Contiguity follows what consumers do (PROTOCOLS.md pitfalls 6 and 7): strides of
 /// dimensions of size 1 are ignored, and a tensor with a dimension of size 0 counts as
 /// contiguous in every sense.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Dims,
     strides: Dims,
@@ -149,6 +149,10 @@ impl Layout {
             byte_offset,
             ..self.clone()
         }
+    }
+
+    pub(crate) fn set_byte_offset(&mut self, byte_offset: u64) {
+        self.byte_offset = byte_offset;
     }
 
     /// Whether the layout is compact row-major (C order), ignoring dimensions of size 1.
@@ -331,44 +335,55 @@ impl Facts {
                 strides: strides.len(),
             });
         }
-        check_extents(shape)?;
-        let numel = if shape.contains(&0) {
-            0
-        } else {
-            shape
-                .iter()
-                .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64))
-                .ok_or(Error::Overflow {
-                    what: "number of elements",
-                })?
-        };
-        let overflow = Error::Overflow {
-            what: "element offset reach",
-        };
-        let mut lo: i128 = 0;
-        let mut hi: i128 = 0;
-        for (&n, &s) in shape.iter().zip(strides) {
-            if s.unsigned_abs() > MAX_ELEM_REACH as u64 {
-                return Err(overflow);
+        // One pass, 64-bit checked arithmetic. Overflow of the element count or of the reach
+        // only matters for tensors with elements, so it is remembered, not returned, until
+        // the pass has seen every extent (a later 0 makes the tensor empty).
+        let mut numel: u64 = 1;
+        let mut empty = false;
+        let mut overflowed: Option<&'static str> = None;
+        let (mut lo, mut hi): (i64, i64) = (0, 0);
+        for (dim, (&n, &s)) in shape.iter().zip(strides).enumerate() {
+            if n < 0 {
+                return Err(Error::NegativeSize { dim, size: n });
             }
-            if numel == 0 {
+            if s.unsigned_abs() > MAX_ELEM_REACH as u64 {
+                return Err(Error::Overflow {
+                    what: "element offset reach",
+                });
+            }
+            if n == 0 {
+                empty = true;
                 continue;
             }
-            // n >= 1 here; i128 cannot overflow for one product of two i64.
-            let ext = i128::from(n - 1) * i128::from(s);
-            if ext < 0 {
-                lo += ext;
-            } else {
-                hi += ext;
+            match numel.checked_mul(n as u64) {
+                Some(v) => numel = v,
+                None => overflowed = overflowed.or(Some("number of elements")),
             }
-            if lo < -i128::from(MAX_ELEM_REACH) || hi > i128::from(MAX_ELEM_REACH) {
-                return Err(overflow);
+            // |s| <= 2^55 and lo, hi stay within +-2^55, so only the product can overflow.
+            match (n - 1).checked_mul(s) {
+                Some(ext) if ext < 0 => lo += ext,
+                Some(ext) => hi += ext,
+                None => overflowed = overflowed.or(Some("element offset reach")),
             }
+            if lo < -MAX_ELEM_REACH || hi > MAX_ELEM_REACH {
+                overflowed = overflowed.or(Some("element offset reach"));
+                // Keep the accumulators bounded so the additions above cannot overflow.
+                lo = lo.max(-MAX_ELEM_REACH);
+                hi = hi.min(MAX_ELEM_REACH);
+            }
+        }
+        if empty {
+            return Ok(Facts {
+                numel: 0,
+                reach: (0, 0),
+            });
+        }
+        if let Some(what) = overflowed {
+            return Err(Error::Overflow { what });
         }
         Ok(Facts {
             numel,
-            // Both bounded by MAX_ELEM_REACH just above.
-            reach: (lo as i64, hi as i64),
+            reach: (lo, hi),
         })
     }
 }
@@ -395,6 +410,21 @@ pub(crate) fn check_extents(shape: &[i64]) -> Result<(), Error> {
             size: shape[dim],
         }),
         None => Ok(()),
+    }
+}
+
+// By hand: `SmallVec::clone` goes through an iterator; `from_slice` is a plain copy, and
+// tensors are cloned on every hand-off.
+impl Clone for Layout {
+    #[inline]
+    fn clone(&self) -> Self {
+        Layout {
+            shape: SmallVec::from_slice(&self.shape),
+            strides: SmallVec::from_slice(&self.strides),
+            byte_offset: self.byte_offset,
+            numel: self.numel,
+            reach: self.reach,
+        }
     }
 }
 

@@ -295,13 +295,16 @@ impl Descriptor {
     /// pointer, which is what consumers that ignore `byte_offset` need (PROTOCOLS.md pitfall
     /// 13). Unchanged on handle devices, whose offset cannot be folded.
     pub fn with_offset_folded(&self) -> Descriptor {
-        if !self.device.kind.has_addresses() || self.byte_offset() == 0 {
-            return self.clone();
-        }
-        Descriptor {
-            data: self.data_ptr(),
-            layout: self.layout.with_byte_offset(0),
-            ..self.clone()
+        let mut folded = self.clone();
+        folded.fold_offset();
+        folded
+    }
+
+    /// Folds the byte offset into the data pointer in place (see `with_offset_folded`).
+    fn fold_offset(&mut self) {
+        if self.device.kind.has_addresses() && self.byte_offset() != 0 {
+            self.data = self.data_ptr();
+            self.layout.set_byte_offset(0);
         }
     }
 }
@@ -338,12 +341,11 @@ impl Memory {
                 what: "number of bytes",
             })?;
         // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
-        for &s in strides {
-            if i64::try_from(i128::from(s) * bits).is_err() {
-                return Err(Error::Overflow {
-                    what: "byte stride",
-                });
-            }
+        let bits64 = bits as i64;
+        if strides.iter().any(|s| s.checked_mul(bits64).is_none()) {
+            return Err(Error::Overflow {
+                what: "byte stride",
+            });
         }
         let span = if numel == 0 {
             (0, 0)
@@ -351,8 +353,9 @@ impl Memory {
             let (lo, hi) = facts.reach;
             let lo_bits = i128::from(lo) * bits;
             let hi_bits = (i128::from(hi) + 1) * bits;
-            let lo_b = lo_bits.div_euclid(8);
-            let hi_b = (hi_bits + 7).div_euclid(8);
+            // Arithmetic shifts: floor division by 8, without a 128-bit division call.
+            let lo_b = lo_bits >> 3;
+            let hi_b = (hi_bits + 7) >> 3;
             let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
             (fit(lo_b)?, fit(hi_b)?)
         };
@@ -490,20 +493,16 @@ impl Tensor {
     }
 
     /// The same tensor, read-only.
-    pub fn into_readonly(self) -> Tensor {
-        Tensor {
-            desc: self.desc.to_readonly(),
-            ..self
-        }
+    pub fn into_readonly(mut self) -> Tensor {
+        self.desc.access = Access::ReadOnly;
+        self
     }
 
     /// The same tensor with its byte offset folded into the data pointer
     /// ([`Descriptor::with_offset_folded`]).
-    pub fn into_offset_folded(self) -> Tensor {
-        Tensor {
-            desc: self.desc.with_offset_folded(),
-            ..self
-        }
+    pub fn into_offset_folded(mut self) -> Tensor {
+        self.desc.fold_offset();
+        self
     }
 
     /// A typed read-only view over host memory.

@@ -60,8 +60,9 @@ proptest! {
         let (mut lo, mut hi) = (0i128, 0i128);
         if !empty {
             for (&n, &s) in shape.iter().zip(&strides) {
+                // Saturating: sums of several 2^126 products leave i128; refused either way.
                 let e = (n as i128 - 1) * s as i128;
-                if e < 0 { lo += e } else { hi += e }
+                if e < 0 { lo = lo.saturating_add(e) } else { hi = hi.saturating_add(e) }
             }
         }
         match result {
@@ -84,7 +85,7 @@ proptest! {
                     && strides.iter().all(|s| s.unsigned_abs() < (1u64 << 55))
                     && lo > -(1i128 << 55) && hi < (1i128 << 55)
                     && first <= usize::MAX as i128
-                    && (empty || (first + lo * 8 >= 0 && first + (hi + 1) * 8 <= usize::MAX as i128));
+                    && (empty || (first + lo.saturating_mul(8) >= 0 && first.saturating_add((hi + 1).saturating_mul(8)) <= usize::MAX as i128));
                 prop_assert!(!fits, "refused a representable layout: {:?}", e);
                 prop_assert!(
                     matches!(e, Error::Overflow { .. } | Error::OutOfAddressSpace { .. }),
