@@ -1,0 +1,289 @@
+//! The main job: hand one buffer through every path tensorbridge knows and print a table of
+//! what was shared zero-copy and what each conversion costs. Run it with `cargo xtask demo`
+//! (release); it needs no GPU, CUDA, libtorch or Python.
+//!
+//! Each path is one [`Path`] in [`PATHS`]: a producer, a consumer, and a function that makes
+//! its own buffer, converts it, and reports a [`Measured`] outcome (or why it was skipped,
+//! for example "no GPU"). An adapter joins the table with one function and one entry, behind
+//! its feature where it has one. Zero-copy is checked two ways: the consumer's data pointer
+//! is the producer's, and a write through the consumer is visible through the producer.
+
+use std::hint::black_box;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use tensorbridge::{DType, Owner, RawTensor, Tensor};
+use tensorbridge_integration::f32_pattern;
+
+/// One row of the table.
+struct Path {
+    producer: &'static str,
+    consumer: &'static str,
+    run: fn() -> Result<Outcome>,
+}
+
+/// Every path, in table order. DLPack, the CUDA Array Interface, cudarc, libtorch and the
+/// Python frameworks add theirs here.
+const PATHS: &[Path] = &[Path {
+    producer: "host buffer (Arc owner)",
+    consumer: "tensorbridge::Tensor",
+    run: host_buffer_to_tensor,
+}];
+
+/// What one path did.
+enum Outcome {
+    Measured(Measured),
+    /// The path cannot run on this machine; the reason is printed under the table.
+    #[allow(
+        dead_code,
+        reason = "the first GPU, libtorch and Python paths will skip here"
+    )]
+    Skipped(String),
+}
+
+/// The result of a conversion that ran.
+struct Measured {
+    /// The consumer's data pointer equals the producer's.
+    same_pointer: bool,
+    /// A write through the consumer is visible through the producer's pointer.
+    write_visible: bool,
+    /// Median time of one conversion (validation, owner attached, result dropped).
+    per_conversion: Duration,
+}
+
+fn main() -> Result<()> {
+    println!("tensorbridge demo: one 2x3 float32 buffer through every path (CPU)\n");
+    let mut table = Table::new([
+        "producer",
+        "consumer",
+        "zero-copy (pointer)",
+        "zero-copy (write)",
+        "time per conversion",
+    ]);
+    let mut notes = Vec::new();
+    let mut failed = 0;
+    for path in PATHS {
+        let mut note = |text: String| {
+            notes.push(text);
+            format!("[{}]", notes.len())
+        };
+        let [pointer, write, time] = match (path.run)() {
+            Ok(Outcome::Measured(m)) => {
+                if !(m.same_pointer && m.write_visible) {
+                    failed += 1;
+                }
+                [
+                    yes_no(m.same_pointer),
+                    yes_no(m.write_visible),
+                    format_duration(m.per_conversion),
+                ]
+            }
+            Ok(Outcome::Skipped(why)) => {
+                let mark = note(format!("skipped: {why}"));
+                [format!("skipped {mark}"), "-".into(), "-".into()]
+            }
+            Err(e) => {
+                failed += 1;
+                let mark = note(format!("error: {e:#}"));
+                [format!("error {mark}"), "-".into(), "-".into()]
+            }
+        };
+        table.row([
+            path.producer.into(),
+            path.consumer.into(),
+            pointer,
+            write,
+            time,
+        ]);
+    }
+    table.print();
+    for (i, text) in notes.iter().enumerate() {
+        println!("[{}] {text}", i + 1);
+    }
+    if failed > 0 {
+        bail!("{failed} path(s) failed or copied where zero-copy was expected");
+    }
+    Ok(())
+}
+
+/// Host memory in a `Vec`, described through the core's raw descriptor.
+fn host_buffer_to_tensor() -> Result<Outcome> {
+    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
+    let tensor = describe(&buffer)?;
+    let same_pointer = tensor.data_ptr() == buffer.addr();
+    let write_visible = {
+        let before = {
+            // SAFETY: obligation 1: the view is the only reader or writer of the buffer while
+            // it lives; it is dropped at the end of this block, before the buffer is read
+            // below, and the demo has one thread.
+            let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
+            let before = view.get(&[1, 2])?;
+            view.set(&[1, 2], -before)?;
+            before
+        };
+        buffer.read(5) == -before
+    };
+    drop(tensor);
+
+    let per_conversion = median_time(|| describe(black_box(&buffer)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// The conversion being timed: `buffer` as a 2x3 float32 tensor, through the raw descriptor,
+/// with the buffer as its owner.
+fn describe(buffer: &Arc<HostBuffer>) -> Result<Tensor> {
+    let raw = RawTensor::host(buffer.addr(), DType::FLOAT32, &[2, 3]);
+    let desc = raw.validate()?;
+    if desc.byte_span() != buffer.byte_span() {
+        bail!(
+            "a 2x3 float32 tensor spans {:#x?}, the buffer {:#x?}",
+            desc.byte_span(),
+            buffer.byte_span()
+        );
+    }
+    let owner: Owner = buffer.clone();
+    // SAFETY:
+    // 1. the span is exactly the buffer's elements (checked just above), which `owner` keeps
+    //    allocated and writable until its last clone drops;
+    // 2. the buffer is read through its pointer only while no view of the tensor lives
+    //    (`HostBuffer::read` and `host_buffer_to_tensor`).
+    Ok(unsafe { Tensor::from_descriptor(desc, owner) })
+}
+
+/// A host buffer shared by a producer and its consumers: owned through a raw pointer, so
+/// writes through a tensor never alias a Rust reference to the elements.
+struct HostBuffer {
+    ptr: *mut f32,
+    len: usize,
+}
+
+impl HostBuffer {
+    fn new(values: Vec<f32>) -> HostBuffer {
+        let len = values.len();
+        let ptr = Box::into_raw(values.into_boxed_slice()).cast::<f32>();
+        HostBuffer { ptr, len }
+    }
+
+    fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    /// The addresses of the elements, `[first, end)`.
+    fn byte_span(&self) -> Range<usize> {
+        self.addr()..self.addr() + self.len * size_of::<f32>()
+    }
+
+    fn read(&self, i: usize) -> f32 {
+        assert!(
+            i < self.len,
+            "index {i} out of bounds for {} elements",
+            self.len
+        );
+        let element = self.ptr.wrapping_add(i);
+        // SAFETY: in bounds (asserted) of the live allocation this buffer owns, so aligned and
+        // initialised; writers go through `Tensor::host_view_mut`, whose contract excludes
+        // reads while they write.
+        unsafe { element.read() }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr, self.len);
+        // SAFETY: `ptr` and `len` come from `Box::into_raw` in `HostBuffer::new`; this is the
+        // only place that turns them back, once.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+// SAFETY: a `Box<[f32]>` behind a raw pointer; `f32` has no thread affinity.
+unsafe impl Send for HostBuffer {}
+// SAFETY: sharing hands out no references to the elements, only the address.
+unsafe impl Sync for HostBuffer {}
+
+/// The median time of one call to `f`: calls are batched so that one sample lasts at least
+/// ~100 µs (timer resolution stops mattering), and the median of 101 samples is taken.
+fn median_time(mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
+    let mut batch = 1u32;
+    loop {
+        let start = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        if start.elapsed() >= Duration::from_micros(100) || batch >= 1 << 20 {
+            break;
+        }
+        batch *= 2;
+    }
+    let mut samples = Vec::with_capacity(101);
+    for _ in 0..101 {
+        let start = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        samples.push(start.elapsed() / batch);
+    }
+    samples.sort();
+    Ok(samples[samples.len() / 2])
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "NO" }.to_owned()
+}
+
+fn format_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns < 10_000 {
+        format!("{ns} ns")
+    } else {
+        format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    }
+}
+
+/// A table printed as Markdown, columns padded to their widest cell.
+struct Table<const N: usize> {
+    header: [&'static str; N],
+    rows: Vec<[String; N]>,
+}
+
+impl<const N: usize> Table<N> {
+    fn new(header: [&'static str; N]) -> Table<N> {
+        Table {
+            header,
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: [String; N]) {
+        self.rows.push(cells);
+    }
+
+    fn print(&self) {
+        let mut widths = self.header.map(|h| h.chars().count());
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: [&str; N]| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            println!("| {} |", padded.join(" | "));
+        };
+        line(self.header);
+        let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+        println!("|-{}-|", rule.join("-|-"));
+        for row in &self.rows {
+            line(row.each_ref().map(String::as_str));
+        }
+    }
+}

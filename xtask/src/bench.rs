@@ -1,0 +1,24 @@
+//! `cargo xtask bench [-- ARGS...]`: the criterion benches, ARGS passed to criterion.
+
+use anyhow::{Result, bail};
+
+use crate::{Steps, cargo, split_passthrough};
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let (own, criterion_args) = split_passthrough(args);
+    // The place for `--gpu`: once the GPU bench groups exist it will add their feature
+    // (`--features ...`) to the command below.
+    if let Some(other) = own.first() {
+        bail!("unknown option `{other}` for `bench` (pass criterion's arguments after `--`)");
+    }
+    let mut cmd = cargo();
+    // `--bench '*'` selects the bench targets only: plain `cargo bench` would also hand
+    // criterion's arguments to the library's libtest harness, which rejects them.
+    cmd.args(["bench", "-p", "tensorbridge-benches", "--bench", "*"]);
+    if !criterion_args.is_empty() {
+        cmd.arg("--").args(criterion_args);
+    }
+    let mut steps = Steps::new("bench");
+    let result = steps.cmd("bench", &mut cmd);
+    steps.finish(result)
+}

@@ -1,0 +1,365 @@
+//! `cargo xtask test-gpu [--bundle DIR] [-- ARGS...]`: the GPU test suite, run here or
+//! packed into a bundle for a GPU machine without a Rust toolchain (BUILD.md, "The GPU
+//! machine").
+
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{Steps, absolute, cargo, display, split_passthrough};
+
+/// The test binaries of the GPU suite: (package, the feature that compiles them).
+const GPU_TESTS: &[(&str, &str)] = &[
+    ("tensorbridge-integration", "gpu-tests"),
+];
+
+/// Where the GPU machine keeps libtorch, libcuda and the CUDA toolkit (BUILD.md).
+const GPU_MACHINE_LD_LIBRARY_PATH: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64";
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let (own, test_args) = split_passthrough(args);
+    let mut bundle = None;
+    let mut own = own.iter();
+    while let Some(arg) = own.next() {
+        match arg.as_str() {
+            "--bundle" => {
+                let dir = own.next().context("`--bundle` needs a directory")?;
+                bundle = Some(absolute(Path::new(dir))?);
+            }
+            other => bail!(
+                "unknown option `{other}` for `test-gpu` (expected --bundle DIR; pass the test \
+                 binaries' arguments after `--`)"
+            ),
+        }
+    }
+    let mut steps = Steps::new("test-gpu");
+    let result = test_gpu(&mut steps, bundle.as_deref(), test_args);
+    steps.finish(result)
+}
+
+fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> Result<()> {
+    steps.run("devices", || {
+        let found = report_devices()?;
+        if !found && bundle.is_none() {
+            bail!(
+                "no NVIDIA GPU found on this machine, so the GPU tests cannot run here; build \
+                 a bundle for a GPU machine with `cargo xtask test-gpu --bundle gpu-bundle`"
+            );
+        }
+        Ok(())
+    })?;
+    let binaries = steps.run("build (release, stripped)", build)?;
+    match bundle {
+        Some(dir) => steps.run(&format!("bundle into {}", dir.display()), || {
+            write_bundle(dir, &binaries)
+        }),
+        None => {
+            let mut failed = Vec::new();
+            for bin in &binaries {
+                let mut cmd = Command::new(&bin.path);
+                cmd.args(test_args);
+                if steps.cmd(&format!("run {}", bin.name), &mut cmd).is_err() {
+                    failed.push(bin.name.as_str());
+                }
+            }
+            if !failed.is_empty() {
+                bail!("GPU test binaries failed: {}", failed.join(", "));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Prints the NVIDIA devices `nvidia-smi -L` lists, or why there are none; true if any.
+fn report_devices() -> Result<bool> {
+    let out = match Command::new("nvidia-smi").arg("-L").output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            println!("no GPU found: nvidia-smi is not installed (no NVIDIA driver here)");
+            return Ok(false);
+        }
+        Err(e) => {
+            println!("no GPU found: could not run nvidia-smi: {e}");
+            return Ok(false);
+        }
+    };
+    if !out.status.success() {
+        println!(
+            "no GPU found: `nvidia-smi -L` exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return Ok(false);
+    }
+    let list = String::from_utf8_lossy(&out.stdout);
+    let gpus: Vec<&str> = list.lines().filter(|l| l.starts_with("GPU ")).collect();
+    if gpus.is_empty() {
+        println!("no GPU found: nvidia-smi lists no devices");
+        return Ok(false);
+    }
+    for gpu in &gpus {
+        println!("{gpu}");
+    }
+    Ok(true)
+}
+
+/// A test executable that cargo built.
+#[derive(Debug, PartialEq)]
+struct TestBinary {
+    /// The test target's name (`gpu`), which is also its name in a bundle.
+    name: String,
+    path: PathBuf,
+}
+
+/// Builds the GPU test binaries in release, stripped of symbols (~1 MB each instead of
+/// ~10 MB), and returns them.
+fn build() -> Result<Vec<TestBinary>> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--release"]);
+    for (package, feature) in GPU_TESTS {
+        cmd.args(["-p", package, "--features", &format!("{package}/{feature}")]);
+    }
+    cmd.args(["--no-run", "--message-format=json"])
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .stdout(Stdio::piped())
+        // `output()` would capture stderr too; cargo's progress belongs on the terminal.
+        .stderr(Stdio::inherit());
+    println!("{}", display(&cmd));
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", display(&cmd)))?;
+    let messages = String::from_utf8_lossy(&out.stdout);
+    // With `--message-format=json` cargo writes warnings and errors into its JSON messages
+    // instead of stderr; show them as cargo would.
+    for line in messages.lines() {
+        if line.contains(r#""reason":"compiler-message""#)
+            && let Some(rendered) = string_field(line, "rendered")
+        {
+            eprint!("{rendered}");
+        }
+    }
+    if !out.status.success() {
+        bail!("`{}` exited with {}", display(&cmd), out.status);
+    }
+    let binaries = test_binaries(&messages);
+    if binaries.is_empty() {
+        bail!("cargo built no test binaries (expected the `gpu` test of tensorbridge-integration)");
+    }
+    for (i, bin) in binaries.iter().enumerate() {
+        if binaries[..i].iter().any(|b| b.name == bin.name) {
+            bail!("two GPU test binaries are both named `{}`", bin.name);
+        }
+        println!("built {} ({})", bin.name, bin.path.display());
+    }
+    Ok(binaries)
+}
+
+/// The GPU suite among cargo's `--message-format=json` lines: `compiler-artifact` messages
+/// whose profile says `"test":true`, whose target requires one of the [`GPU_TESTS`]
+/// features, and whose `executable` is a string. (A package's CPU tests and library unit
+/// tests are built too, but they are not part of the suite.)
+fn test_binaries(json_lines: &str) -> Vec<TestBinary> {
+    let mut found = Vec::new();
+    for line in json_lines.lines() {
+        if !line.contains(r#""reason":"compiler-artifact""#) {
+            continue;
+        }
+        // Both objects are flat (no nested objects), so each ends at its first `}`. The target
+        // has a `test` key of its own (whether `cargo test` tests it): read the profile's.
+        let (Some(target), Some(profile)) = (object(line, "target"), object(line, "profile"))
+        else {
+            continue;
+        };
+        let needs_gpu = GPU_TESTS.iter().any(|(_, feature)| {
+            array(target, "required-features")
+                .is_some_and(|features| features.contains(&format!("\"{feature}\"")))
+        });
+        if !profile.contains(r#""test":true"#) || !needs_gpu {
+            continue;
+        }
+        // `"executable":null` for artifacts that are not programs.
+        let (Some(path), Some(name)) = (
+            string_field(line, "executable"),
+            string_field(target, "name"),
+        ) else {
+            continue;
+        };
+        found.push(TestBinary {
+            name,
+            path: PathBuf::from(path),
+        });
+    }
+    found
+}
+
+/// The flat object `"key":{...}` in `json`, braces included.
+fn object<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let start = json.find(&format!("\"{key}\":{{"))?;
+    let len = json[start..].find('}')? + 1;
+    Some(&json[start..start + len])
+}
+
+/// The array of strings `"key":[...]` in `json`, brackets included.
+fn array<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let start = json.find(&format!("\"{key}\":["))?;
+    let len = json[start..].find(']')? + 1;
+    Some(&json[start..start + len])
+}
+
+/// The first `"key":"value"` in `json`, with the value unescaped; `None` when there is none
+/// (or the value is not a string). A minimal reader for cargo's one-line JSON messages.
+fn string_field(json: &str, key: &str) -> Option<String> {
+    let opening = format!("\"{key}\":\"");
+    let start = json.find(&opening)? + opening.len();
+    let mut chars = json[start..].chars();
+    let mut value = String::new();
+    loop {
+        match chars.next()? {
+            '"' => return Some(value),
+            '\\' => value.push(match chars.next()? {
+                'n' => '\n',
+                't' => '\t',
+                'r' => '\r',
+                'b' => '\u{8}',
+                'f' => '\u{c}',
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    char::from_u32(u32::from_str_radix(&hex, 16).ok()?).unwrap_or('\u{fffd}')
+                }
+                other => other, // `\"`, `\\`, `\/`
+            }),
+            c => value.push(c),
+        }
+    }
+}
+
+/// Makes `dir` afresh with the binaries and a `run.sh` that runs them all.
+fn write_bundle(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
+    if dir.exists() {
+        // Only replace what is clearly a bundle (or nothing): never wipe someone's folder.
+        let is_empty = fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_none();
+        if !is_empty && !dir.join("run.sh").is_file() {
+            bail!(
+                "{} exists and is not a bundle (no run.sh); refusing to replace it",
+                dir.display()
+            );
+        }
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for bin in binaries {
+        let to = dir.join(&bin.name);
+        fs::copy(&bin.path, &to)
+            .with_context(|| format!("copying {} to {}", bin.path.display(), to.display()))?;
+    }
+    let run_sh = dir.join("run.sh");
+    let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
+    fs::write(&run_sh, run_script(&names))
+        .with_context(|| format!("writing {}", run_sh.display()))?;
+    fs::set_permissions(&run_sh, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", run_sh.display()))?;
+
+    let mut total = 0;
+    for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        let len = entry.metadata()?.len();
+        total += len;
+        println!(
+            "{:>10}  {}",
+            format_size(len),
+            entry.file_name().to_string_lossy()
+        );
+    }
+    println!("{:>10}  total in {}", format_size(total), dir.display());
+    println!(
+        "on the GPU machine: {}/run.sh [ARGS...], e.g. run.sh --nocapture",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn format_size(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+/// The bundle's `run.sh`: runs every binary in `names` with the script's arguments.
+fn run_script(names: &[&str]) -> String {
+    let binaries = names.join(" ");
+    format!(
+        r#"#!/usr/bin/env bash
+# Runs tensorbridge's GPU test binaries on a GPU machine without a Rust toolchain.
+# Written by `cargo xtask test-gpu --bundle`. Usage: ./run.sh [ARGS...]; ARGS go to every
+# test binary (for example --nocapture, or a test name filter).
+set -u
+here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+export LD_LIBRARY_PATH="{GPU_MACHINE_LD_LIBRARY_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+# The binaries are stripped: error backtraces would be lists of <unknown>.
+export RUST_LIB_BACKTRACE="${{RUST_LIB_BACKTRACE:-0}}"
+
+echo "==> devices"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L || echo "nvidia-smi -L failed: no usable NVIDIA GPU"
+    echo "driver version: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+else
+    echo "nvidia-smi not found: no NVIDIA driver on this machine"
+fi
+
+binaries=({binaries})
+passed=0
+failed=0
+for bin in "${{binaries[@]}}"; do
+    echo "==> $bin"
+    if "$here/$bin" "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAILED: $bin"
+    fi
+done
+echo "GPU bundle: ${{#binaries[@]}} binaries, $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Shortened from real `cargo test --no-run --message-format=json` output.
+    const MESSAGES: &str = r#"{"reason":"compiler-artifact","package_id":"registry+https://github.com/rust-lang/crates.io-index#anyhow@1.0.104","manifest_path":"/r/anyhow-1.0.104/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"anyhow","src_path":"/r/anyhow-1.0.104/src/lib.rs","edition":"2018","doc":true,"doctest":true,"test":true},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":["default","std"],"filenames":["/w/target/release/deps/libanyhow-1.rlib"],"executable":null,"fresh":true}
+{"reason":"compiler-artifact","package_id":"path+file:///w/tests#tensorbridge-integration@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["example"],"crate_types":["bin"],"name":"demo","src_path":"/w/tests/examples/demo.rs","edition":"2024","doc":false,"doctest":false,"test":false},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":false},"features":["cudarc","gpu-tests"],"filenames":["/w/target/release/examples/demo"],"executable":"/w/target/release/examples/demo","fresh":false}
+{"reason":"compiler-artifact","package_id":"path+file:///w/tests#tensorbridge-integration@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"gpu","src_path":"/w/tests/gpu/main.rs","edition":"2024","required-features":["gpu-tests"],"doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":"line-tables-only","debug_assertions":false,"overflow_checks":false,"test":true},"features":["cudarc","gpu-tests"],"filenames":["/w/target/release/deps/gpu-0123"],"executable":"/w/target/release/deps/gpu-0123","fresh":false}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/tensorbridge-cudarc#0.1.0","manifest_path":"/w/crates/tensorbridge-cudarc/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"it","src_path":"/w/crates/tensorbridge-cudarc/tests/it/main.rs","edition":"2024","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":"line-tables-only","debug_assertions":false,"overflow_checks":false,"test":true},"features":["default"],"filenames":["/w/target/release/deps/it-4567"],"executable":"/w/target/release/deps/it-4567","fresh":true}
+{"reason":"build-finished","success":true}"#;
+
+    #[test]
+    fn finds_only_test_executables() {
+        assert_eq!(
+            test_binaries(MESSAGES),
+            [TestBinary {
+                name: "gpu".to_owned(),
+                path: PathBuf::from("/w/target/release/deps/gpu-0123"),
+            }]
+        );
+    }
+
+    #[test]
+    fn string_field_unescapes_and_refuses_null() {
+        let json = r#"{"a":null,"b":"C:\\x \"q\" \u00e9\/"}"#;
+        assert_eq!(string_field(json, "a"), None);
+        assert_eq!(string_field(json, "b").as_deref(), Some(r#"C:\x "q" é/"#));
+        assert_eq!(string_field(r#"{"b":"cut"#, "b"), None);
+    }
+}
