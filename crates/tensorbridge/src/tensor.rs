@@ -55,13 +55,15 @@ pub struct RawTensor<'a> {
 }
 
 impl<'a> RawTensor<'a> {
-    /// A raw descriptor for host memory of the given dtype, C order, read-write; fill in the
-    /// other fields with struct update syntax.
-    pub fn host(data: usize, dtype: DType, shape: &'a [i64]) -> RawTensor<'a> {
+    /// A raw descriptor for memory on `device`, C order, read-write; fill in the other
+    /// fields with struct update syntax.
+    pub fn new(data: usize, device: Device, dtype: DType, shape: &'a [i64]) -> RawTensor<'a> {
         RawTensor {
             data,
-            device_type: Device::CPU.kind.code(),
-            device_id: 0,
+            device_type: device.kind.code(),
+            // An ordinal DLPack cannot carry (above i32::MAX) becomes -1, which validation
+            // refuses, rather than a different device.
+            device_id: i32::try_from(device.ordinal).unwrap_or(-1),
             dtype_code: dtype.code().code(),
             dtype_bits: dtype.bits(),
             dtype_lanes: dtype.lanes(),
@@ -71,6 +73,11 @@ impl<'a> RawTensor<'a> {
             access: Access::ReadWrite,
             packing: Packing::Packed,
         }
+    }
+
+    /// [`RawTensor::new`] on the host ([`Device::CPU`]).
+    pub fn host(data: usize, dtype: DType, shape: &'a [i64]) -> RawTensor<'a> {
+        RawTensor::new(data, Device::CPU, dtype, shape)
     }
 
     /// Checks everything: device and dtype codes, rank agreement, non-negative extents,
