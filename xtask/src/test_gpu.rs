@@ -15,6 +15,7 @@ use crate::{Steps, absolute, cargo, display, split_passthrough};
 /// The test binaries of the GPU suite: (package, the feature that compiles them).
 const GPU_TESTS: &[(&str, &str)] = &[
     ("tensorbridge-integration", "gpu-tests"),
+    ("tensorbridge-cudarc", "gpu-tests"),
 ];
 
 /// Where the GPU machine keeps libtorch, libcuda and the CUDA toolkit (BUILD.md).

@@ -1,0 +1,516 @@
+//! cudarc -> [`Tensor`]: borrowed ([`with_slice`]) and owned ([`into_tensor`]) forms, and the
+//! pure check of a caller's shape and strides against a slice's length.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, sys,
+};
+use tensorbridge::{Access, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
+
+use crate::driver::{Event, reclaim, stream_of};
+use crate::handoff::{make_ready_on_cudarc, ready_on_stream};
+use crate::view::{Release, TensorView, TensorViewMut, make_view};
+use crate::{CudaElement, Error, IntoTensorError, make_ready_on};
+
+/// Checks that `layout` (shape, strides in elements, byte offset) reaches only bytes of a
+/// slice of `len` elements of `itemsize` bytes: every byte `[lo, hi)` it reaches, counted
+/// from the slice's first byte, lies in `[0, len * itemsize)`. Tensors without elements reach
+/// nothing and always fit.
+///
+/// Pure arithmetic (in `i128`, so it cannot overflow); [`with_slice_shaped`] and
+/// [`into_tensor_shaped`] call it before anything else.
+pub fn check_fits(layout: &Layout, itemsize: usize, len: usize) -> Result<(), Error> {
+    if layout.numel() == 0 {
+        return Ok(());
+    }
+    let size = itemsize as i128;
+    let (first, last) = layout.elem_reach();
+    let start = i128::from(layout.byte_offset());
+    let lo = start + i128::from(first) * size;
+    let hi = start + (i128::from(last) + 1) * size;
+    let nbytes = len as i128 * size;
+    if lo < 0 || hi > nbytes {
+        return Err(Error::OutsideSlice {
+            lo,
+            hi,
+            len,
+            nbytes: len.saturating_mul(itemsize),
+        });
+    }
+    Ok(())
+}
+
+/// The 1-D layout of a slice of `len` elements.
+fn layout_1d(len: usize) -> Result<Layout, Error> {
+    let n = i64::try_from(len).map_err(|_| tensorbridge::Error::Overflow {
+        what: "slice length",
+    })?;
+    Ok(Layout::row_major(&[n])?)
+}
+
+/// The descriptor of a slice's memory: `ptr` on the slice's device, dtype `T`.
+fn describe<T: CudaElement>(
+    ptr: sys::CUdeviceptr,
+    stream: &CudaStream,
+    layout: Layout,
+    access: Access,
+) -> Result<Descriptor, Error> {
+    let ordinal = u32::try_from(stream.context().ordinal())
+        .map_err(|_| tensorbridge::Error::OrdinalTooLarge { ordinal: u32::MAX })?;
+    let addr = usize::try_from(ptr).map_err(|_| tensorbridge::Error::Overflow {
+        what: "device pointer",
+    })?;
+    Ok(Descriptor::new(
+        addr,
+        Device::cuda(ordinal),
+        T::DTYPE,
+        Packing::Packed,
+        layout,
+        access,
+    )?)
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// What [`Source`](super::Source) needs from each cudarc type.
+    // Public inside a private module: it bounds the public `Source` trait but cannot be named
+    // (or implemented) outside this crate, which is what seals `Source`.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {
+        /// The element type.
+        type Elem: CudaElement;
+        /// Read-only for shared borrows, read-write for exclusive ones.
+        const ACCESS: Access;
+        /// Elements in the buffer.
+        fn len(&self) -> usize;
+        /// The stream cudarc allocated the buffer on.
+        fn home_stream(&self) -> &Arc<CudaStream>;
+        /// The device pointer, through cudarc's `DevicePtr(Mut)` on `stream`: `stream`
+        /// waits (on the GPU) for the buffer's pending writes (and reads, for exclusive
+        /// borrows), and cudarc's read (write) event is recorded on `stream` before this
+        /// returns, when cudarc manages multi-stream ordering.
+        fn touch(&mut self, stream: &CudaStream) -> sys::CUdeviceptr;
+    }
+}
+
+/// A cudarc buffer that [`with_slice`] can borrow: `&CudaSlice<T>` and `&CudaView<'_, T>`
+/// give a read-only tensor, `&mut CudaSlice<T>` and `&mut CudaViewMut<'_, T>` a read-write
+/// one. Sealed.
+pub trait Source: sealed::Sealed {}
+
+impl<T: CudaElement> sealed::Sealed for &CudaSlice<T> {
+    type Elem = T;
+    const ACCESS: Access = Access::ReadOnly;
+    fn len(&self) -> usize {
+        CudaSlice::len(self)
+    }
+    fn home_stream(&self) -> &Arc<CudaStream> {
+        CudaSlice::stream(self)
+    }
+    fn touch(&mut self, stream: &CudaStream) -> sys::CUdeviceptr {
+        DevicePtr::device_ptr(*self, stream).0
+    }
+}
+impl<T: CudaElement> Source for &CudaSlice<T> {}
+
+impl<T: CudaElement> sealed::Sealed for &mut CudaSlice<T> {
+    type Elem = T;
+    const ACCESS: Access = Access::ReadWrite;
+    fn len(&self) -> usize {
+        CudaSlice::len(self)
+    }
+    fn home_stream(&self) -> &Arc<CudaStream> {
+        CudaSlice::stream(self)
+    }
+    fn touch(&mut self, stream: &CudaStream) -> sys::CUdeviceptr {
+        DevicePtrMut::device_ptr_mut(*self, stream).0
+    }
+}
+impl<T: CudaElement> Source for &mut CudaSlice<T> {}
+
+impl<T: CudaElement> sealed::Sealed for &CudaView<'_, T> {
+    type Elem = T;
+    const ACCESS: Access = Access::ReadOnly;
+    fn len(&self) -> usize {
+        CudaView::len(self)
+    }
+    fn home_stream(&self) -> &Arc<CudaStream> {
+        DeviceSlice::stream(*self)
+    }
+    fn touch(&mut self, stream: &CudaStream) -> sys::CUdeviceptr {
+        DevicePtr::device_ptr(*self, stream).0
+    }
+}
+impl<T: CudaElement> Source for &CudaView<'_, T> {}
+
+impl<T: CudaElement> sealed::Sealed for &mut CudaViewMut<'_, T> {
+    type Elem = T;
+    const ACCESS: Access = Access::ReadWrite;
+    fn len(&self) -> usize {
+        CudaViewMut::len(self)
+    }
+    fn home_stream(&self) -> &Arc<CudaStream> {
+        DeviceSlice::stream(*self)
+    }
+    fn touch(&mut self, stream: &CudaStream) -> sys::CUdeviceptr {
+        DevicePtrMut::device_ptr_mut(*self, stream).0
+    }
+}
+impl<T: CudaElement> Source for &mut CudaViewMut<'_, T> {}
+
+/// The owner of a borrowed form's tensor. It keeps nothing alive: the borrow does, and the
+/// tensor never leaves its [`Borrowed`] (see there).
+struct BorrowOwner;
+
+/// A cudarc buffer borrowed as a [`Tensor`] for the duration of a [`with_slice`] call.
+///
+/// It does not dereference to the tensor: a `Tensor` is `'static` and cheap to clone, so a
+/// clone would outlive the borrow and let safe code use freed memory. It gives out what
+/// cannot escape: the [`Descriptor`] and [`Ready`] by reference, views for cudarc launches
+/// ([`Borrowed::view`], [`Borrowed::view_mut`]), GPU-side ordering
+/// ([`Borrowed::make_ready_on`], [`Borrowed::join`]), and the tensor itself only through the
+/// `unsafe` [`Borrowed::as_tensor`].
+///
+/// When [`with_slice`] returns (or unwinds), the buffer goes back to cudarc's tracking: its
+/// stream is made to wait (on the GPU) for the work enqueued so far on every stream a view was
+/// made for, then cudarc's read event (write event, for `&mut` borrows) is recorded on it, so
+/// a later cudarc write or free of the buffer, on any stream, orders after every consumer.
+/// The host is not blocked.
+pub struct Borrowed<S: Source> {
+    tensor: Tensor,
+    source: S,
+    stream: Arc<CudaStream>,
+    /// Streams views were made for, to join when the scope ends.
+    consumers: Mutex<Vec<Arc<CudaStream>>>,
+}
+
+/// Lends a cudarc buffer to `f` as a 1-D tensor of its length: zero-copy, dtype from the
+/// element type, device `cuda:<the slice's ordinal>`, read-only for `&CudaSlice` and
+/// `&CudaView`, read-write for `&mut CudaSlice` and `&mut CudaViewMut`.
+///
+/// The buffer's pending writes travel with it: its stream is made to wait for them (on the
+/// GPU, through cudarc's event tracking), and the tensor's [`Ready`] is that stream (or an
+/// event recorded on it, for per-thread default streams and streams of non-primary contexts).
+///
+/// A scope rather than a returned value, for the same reason as [`std::thread::scope`]: what
+/// happens when the borrow ends (the consumers' work ordered before the buffer's next use)
+/// must not depend on a value the caller could `mem::forget`.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use cudarc::driver::CudaContext;
+/// let ctx = CudaContext::new(0)?;
+/// let stream = ctx.new_stream()?;
+/// let slice = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
+/// let shape = tensorbridge_cudarc::with_slice(&slice, |borrowed| {
+///     assert!(borrowed.descriptor().is_readonly());
+///     Ok::<_, tensorbridge_cudarc::Error>(borrowed.descriptor().shape().to_vec())
+/// })?;
+/// assert_eq!(shape, [3]);
+/// # Ok(()) }
+/// ```
+pub fn with_slice<S, R, E>(
+    source: S,
+    f: impl FnOnce(&mut Borrowed<S>) -> Result<R, E>,
+) -> Result<R, E>
+where
+    S: Source,
+    E: From<Error>,
+{
+    let layout = layout_1d(source.len())?;
+    let mut borrowed = borrow(source, layout)?;
+    f(&mut borrowed)
+    // `borrowed` drops here, on return or unwind: see `Borrowed`'s `Drop`.
+}
+
+/// [`with_slice`] with a caller-given layout (shape, strides in elements, byte offset from
+/// the slice's first byte), checked against the slice's length by [`check_fits`].
+pub fn with_slice_shaped<S, R, E>(
+    source: S,
+    layout: &Layout,
+    f: impl FnOnce(&mut Borrowed<S>) -> Result<R, E>,
+) -> Result<R, E>
+where
+    S: Source,
+    E: From<Error>,
+{
+    let mut borrowed = borrow(source, layout.clone())?;
+    f(&mut borrowed)
+}
+
+fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Borrowed<S>, Error> {
+    check_fits(&layout, size_of::<S::Elem>(), source.len())?;
+    let stream = source.home_stream().clone();
+    let ptr = source.touch(&stream);
+    let desc = describe::<S::Elem>(ptr, &stream, layout, S::ACCESS)?;
+    let ready = ready_on_stream(&stream)?;
+    // SAFETY:
+    // - the span lies inside the buffer (`check_fits`; `CudaElement` obligation 1 makes the
+    //   element sizes agree), which cudarc allocated on the stream's device;
+    // - `source` keeps the buffer borrowed, shared for read-only access and exclusively for
+    //   read-write access, for as long as the `Borrowed` lives, and the tensor and every
+    //   clone of its owner stay inside the `Borrowed` and its views, which cannot outlive it
+    //   (`as_tensor`, the one way out, is `unsafe` with that obligation);
+    // - device memory: no host views (obligation 2 concerns host-accessible memory only).
+    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(BorrowOwner)) }.with_ready(ready);
+    Ok(Borrowed {
+        tensor,
+        source,
+        stream,
+        consumers: Mutex::new(Vec::new()),
+    })
+}
+
+impl<S: Source> Borrowed<S> {
+    /// The tensor's description.
+    pub fn descriptor(&self) -> &Descriptor {
+        self.tensor.descriptor()
+    }
+
+    /// Where the data becomes ready.
+    pub fn ready(&self) -> &Ready {
+        self.tensor.ready()
+    }
+
+    /// The buffer's own stream (where cudarc allocated it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A read-only view for cudarc launches on `stream`; see [`view`](crate::view). The
+    /// buffer's stream is made to wait for `stream`'s work when the scope ends.
+    pub fn view(&self, stream: &Arc<CudaStream>) -> Result<TensorView<'_, S::Elem>, Error> {
+        let view = make_view(&self.tensor, stream, Release::Nothing)?;
+        self.consumer(stream);
+        Ok(view)
+    }
+
+    /// A writable view for cudarc launches on `stream`; fails with the core's
+    /// [`ReadOnly`](tensorbridge::Error::ReadOnly) for shared borrows.
+    ///
+    /// Safe, unlike [`view_mut`](crate::view_mut): the buffer is borrowed exclusively (a
+    /// `&mut` source) and `&mut self` makes this view the only one.
+    pub fn view_mut(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<TensorViewMut<'_, S::Elem>, Error> {
+        if self.tensor.is_readonly() {
+            return Err(tensorbridge::Error::ReadOnly.into());
+        }
+        self.consumer(stream);
+        make_view(&self.tensor, stream, Release::Nothing).map(TensorViewMut::from_view)
+    }
+
+    /// Remembers `stream` for the join at the end of the scope.
+    fn consumer(&self, stream: &Arc<CudaStream>) {
+        let mut consumers = self
+            .consumers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let known = |s: &Arc<CudaStream>| {
+            s.cu_stream() == stream.cu_stream() && s.context().cu_ctx() == stream.context().cu_ctx()
+        };
+        if !known(&self.stream) && !consumers.iter().any(known) {
+            consumers.push(stream.clone());
+        }
+    }
+
+    /// Orders `consumer` after the buffer's pending work, on the GPU ([`crate::make_ready_on`]).
+    pub fn make_ready_on(&self, consumer: Stream) -> Result<(), Error> {
+        make_ready_on(&self.tensor, consumer)
+    }
+
+    /// Makes the buffer's stream wait (on the GPU) for the work enqueued on `consumer` so
+    /// far: call it after using the tensor on a stream of your own through
+    /// [`as_tensor`](Borrowed::as_tensor) (views are joined by themselves).
+    pub fn join(&self, consumer: Stream) -> Result<(), Error> {
+        if consumer == stream_of(&self.stream) {
+            return Ok(());
+        }
+        let done = Event::in_context(self.stream.context())?;
+        done.record(crate::raw_stream(consumer))?;
+        done.make_wait(self.stream.cu_stream())
+    }
+
+    /// The tensor itself, for adapters that take a `&Tensor`.
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. no clone of the tensor or of its owner outlives the [`with_slice`] call (the owner
+    ///    keeps nothing alive; the borrow does);
+    /// 2. device work that uses the memory through it is ordered before the buffer's next use
+    ///    by cudarc: it was enqueued on the buffer's [`stream`](Borrowed::stream), or
+    ///    [`join`](Borrowed::join) was called for its stream after it was enqueued.
+    pub unsafe fn as_tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+impl<S: Source> Drop for Borrowed<S> {
+    fn drop(&mut self) {
+        // No view is left (they borrow `self`); whatever they enqueued on their streams is
+        // enqueued by now. Make the buffer's stream wait for all of it, then record cudarc's
+        // read (write) event there, so cudarc's next use of the buffer on any stream orders
+        // after every consumer.
+        let consumers = std::mem::take(
+            self.consumers
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for consumer in consumers {
+            join(&consumer, &self.stream);
+        }
+        let _ = self.source.touch(&self.stream);
+    }
+}
+
+/// Makes `home` wait on the GPU for the work enqueued on `consumer` so far. If the driver
+/// refuses, blocks until `consumer` is idle instead: the borrow ends when the scope returns,
+/// and the memory must not be reused before the consumer is done with it.
+fn join(consumer: &CudaStream, home: &CudaStream) {
+    let joined = Event::in_context(consumer.context()).and_then(|done| {
+        done.record(consumer.cu_stream())?;
+        done.make_wait_in(home.cu_stream(), home.context())
+    });
+    if joined.is_err() {
+        // Nothing better is left to do with an error here; cudarc keeps it for its next call.
+        consumer.context().record_err(consumer.synchronize());
+    }
+}
+
+impl<S: Source> fmt::Debug for Borrowed<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Borrowed")
+            .field("tensor", &self.tensor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The owner of an owned form's tensor: the slice itself. Dropping the last clone drops the
+/// slice, which cudarc frees on its stream after the work it tracked.
+struct SliceOwner<T>(CudaSlice<T>);
+
+/// Moves a slice into a 1-D tensor that owns it: zero-copy, read-write, dtype from `T`, device
+/// `cuda:<the slice's ordinal>`, [`Ready`] the slice's stream (after its pending writes and
+/// reads, through cudarc's tracking). When the last clone of the tensor is dropped, the slice
+/// is dropped and cudarc frees it asynchronously on its stream.
+///
+/// Fails only when the driver refuses an event (non-primary contexts), giving the slice back.
+// The error carries the slice back (a failed consuming conversion returns its input);
+// boxing it would allocate on the refusal path for nothing.
+#[allow(clippy::result_large_err)]
+pub fn into_tensor<T: CudaElement>(slice: CudaSlice<T>) -> Result<Tensor, IntoTensorError<T>> {
+    match layout_1d(slice.len()) {
+        Ok(layout) => own(slice, layout),
+        Err(e) => Err(IntoTensorError::new(e, slice)),
+    }
+}
+
+/// [`into_tensor`] with a caller-given layout, checked against the slice's length by
+/// [`check_fits`]; the slice comes back inside the error when it does not fit.
+// The error carries the slice back (a failed consuming conversion returns its input);
+// boxing it would allocate on the refusal path for nothing.
+#[allow(clippy::result_large_err)]
+pub fn into_tensor_shaped<T: CudaElement>(
+    slice: CudaSlice<T>,
+    layout: &Layout,
+) -> Result<Tensor, IntoTensorError<T>> {
+    own(slice, layout.clone())
+}
+
+// The error carries the slice back (a failed consuming conversion returns its input);
+// boxing it would allocate on the refusal path for nothing.
+#[allow(clippy::result_large_err)]
+fn own<T: CudaElement>(
+    mut slice: CudaSlice<T>,
+    layout: Layout,
+) -> Result<Tensor, IntoTensorError<T>> {
+    if let Err(e) = check_fits(&layout, size_of::<T>(), slice.len()) {
+        return Err(IntoTensorError::new(e, slice));
+    }
+    let stream = slice.stream().clone();
+    let ptr = DevicePtrMut::device_ptr_mut(&mut slice, &stream).0;
+    let described = describe::<T>(ptr, &stream, layout, Access::ReadWrite)
+        .and_then(|desc| Ok((desc, ready_on_stream(&stream)?)));
+    let (desc, ready) = match described {
+        Ok(parts) => parts,
+        Err(e) => return Err(IntoTensorError::new(e, slice)),
+    };
+    // SAFETY:
+    // - the span lies inside the slice (`check_fits`; `CudaElement` obligation 1), device
+    //   memory cudarc allocated on the stream's device, readable and writable;
+    // - the owner is the slice itself, so the memory stays allocated until the last clone of
+    //   the owner is dropped; nothing else can reach the slice after this move;
+    // - device memory: no host views (obligation 2 concerns host-accessible memory only).
+    Ok(unsafe { Tensor::from_descriptor(desc, Arc::new(SliceOwner(slice))) }.with_ready(ready))
+}
+
+/// Takes the slice back out of a tensor made by [`into_tensor`], if this is the last clone
+/// of it (and of its owner) and `T` is its element type; the tensor comes back otherwise.
+///
+/// Views that were dropped keep the owner alive until their GPU work is done, so this calls
+/// [`reclaim`] first. The slice's stream is made to wait (on the GPU) for the tensor's
+/// readiness, so work handed to other streams orders before cudarc's next use.
+// The error is the tensor itself, given back whole.
+#[allow(clippy::result_large_err)]
+pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Tensor> {
+    reclaim();
+    let Ok(typed) = tensor.owner().clone().downcast::<SliceOwner<T>>() else {
+        return Err(tensor);
+    };
+    // The tensor and `typed`: nobody else holds the owner.
+    if Arc::strong_count(&typed) != 2 {
+        return Err(tensor);
+    }
+    if make_ready_on_cudarc(&tensor, typed.0.stream()).is_err() {
+        return Err(tensor);
+    }
+    let desc = tensor.descriptor().clone();
+    let ready = tensor.ready().clone();
+    drop(tensor);
+    match Arc::try_unwrap(typed) {
+        Ok(SliceOwner(mut slice)) => {
+            // Records cudarc's write event after the wait above, for its own tracking.
+            let stream = slice.stream().clone();
+            let _ = DevicePtrMut::device_ptr_mut(&mut slice, &stream);
+            Ok(slice)
+        }
+        // Someone upgraded a weak reference in between: rebuild the tensor.
+        Err(typed) => {
+            let owner: tensorbridge::Owner = typed;
+            // SAFETY: the same description and owner as the tensor dropped just above, whose
+            // guarantees (made in `own`) hold for as long as the owner lives.
+            Err(unsafe { Tensor::from_descriptor(desc, owner) }.with_ready(ready))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_d_layouts_fit_exactly() {
+        let l = layout_1d(6).unwrap();
+        assert!(check_fits(&l, 4, 6).is_ok());
+        assert!(matches!(
+            check_fits(&l, 4, 5),
+            Err(Error::OutsideSlice {
+                lo: 0,
+                hi: 24,
+                len: 5,
+                nbytes: 20
+            })
+        ));
+    }
+
+    #[test]
+    fn device_of_unused_ordinal_is_not_touched_without_a_driver() {
+        if !crate::driver_present() {
+            assert!(matches!(crate::driver::device(0), Err(Error::NoDriver)));
+        }
+    }
+}

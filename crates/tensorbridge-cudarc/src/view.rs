@@ -1,0 +1,267 @@
+//! Tensor -> cudarc: views over any CUDA [`Tensor`] that cudarc kernel launches take as
+//! arguments, without pretending to own the memory.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, LaunchArgs, PushKernelArg, sys};
+use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor};
+
+use crate::driver::{reclaim, retire, stream_of};
+use crate::handoff::{make_ready_on_cudarc, ready_on_stream};
+use crate::{CudaElement, Error};
+
+/// What a view does for its memory when dropped.
+pub(crate) enum Release {
+    /// Keep a clone of the tensor's owner until the device has finished the work enqueued on
+    /// the view's stream so far ([`crate::reclaim`]).
+    Retire,
+    /// Nothing: the memory is borrowed, and the scope that holds the borrow orders its next
+    /// use after the view's stream ([`crate::with_slice`]).
+    Nothing,
+}
+
+/// [`Release`] as the view keeps it.
+enum Guard {
+    Retire(Option<Owner>),
+    Nothing,
+}
+
+/// A read-only view of a CUDA [`Tensor`] as a cudarc kernel argument: pass `&view` to
+/// [`LaunchArgs::arg`]; the kernel receives the address of element 0 (`const T*`).
+///
+/// Made by [`view`] (or [`Borrowed::view`](crate::Borrowed::view)) for one consumer stream,
+/// on which it has already enqueued the GPU-side wait for the tensor's readiness. Launch on
+/// that stream ([`stream`](TensorView::stream)); the layout is the tensor's, so the kernel
+/// must index with [`strides_elems`](TensorView::strides_elems) unless the layout was checked
+/// (e.g. `tensor.layout().check(Constraint::RowMajor)?`).
+///
+/// The view borrows the tensor, so the tensor (and its owner) outlives it on the host. When
+/// it is dropped, the memory is kept alive on the device too: a clone of the owner is held
+/// until the work enqueued on the view's stream so far has finished ([`crate::reclaim`]).
+/// (Views of a [`Borrowed`](crate::Borrowed) buffer leave that to the end of the
+/// [`with_slice`](crate::with_slice) scope.)
+pub struct TensorView<'t, T> {
+    ptr: sys::CUdeviceptr,
+    tensor: &'t Tensor,
+    stream: Arc<CudaStream>,
+    guard: Guard,
+    _elem: PhantomData<&'t [T]>,
+}
+
+/// A writable view of a CUDA [`Tensor`] as a cudarc kernel argument: pass `&mut view` to
+/// [`LaunchArgs::arg`]; the kernel receives the address of element 0 (`T*`).
+///
+/// Made by the `unsafe` [`view_mut`], or the safe
+/// [`Borrowed::view_mut`](crate::Borrowed::view_mut). Everything said of [`TensorView`]
+/// holds; in addition, after the kernels that write have been enqueued, the data is ready on
+/// the view's stream ([`ready_after`](TensorView::ready_after)): attach that to the tensor
+/// you hand on.
+pub struct TensorViewMut<'t, T> {
+    inner: TensorView<'t, T>,
+}
+
+/// A read-only view of `tensor` for cudarc launches on `stream`.
+///
+/// Checks that the memory is CUDA device memory on the stream's device (or managed memory),
+/// and that `T` is the tensor's dtype; then reclaims finished owners ([`crate::reclaim`]) and
+/// enqueues on `stream` the GPU-side wait for the tensor's readiness
+/// ([`make_ready_on`](crate::make_ready_on)). Never blocks the host.
+///
+/// ```no_run
+/// # fn demo(tensor: &tensorbridge::Tensor, f: &cudarc::driver::CudaFunction,
+/// #         stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+/// use cudarc::driver::{LaunchConfig, PushKernelArg};
+/// let x = tensorbridge_cudarc::view::<f32>(tensor, stream)?;
+/// let n = x.numel() as u32;
+/// // SAFETY: `f` is `extern "C" __global__ void f(const float* x, unsigned n)`, reads
+/// // `x[0..n)` of a row-major tensor, and is launched on the view's stream.
+/// unsafe { stream.launch_builder(f).arg(&x).arg(&n).launch(LaunchConfig::for_num_elems(n))? };
+/// # Ok(()) }
+/// ```
+pub fn view<'t, T: CudaElement>(
+    tensor: &'t Tensor,
+    stream: &Arc<CudaStream>,
+) -> Result<TensorView<'t, T>, Error> {
+    make_view(tensor, stream, Release::Retire)
+}
+
+/// A writable view of `tensor` for cudarc launches on `stream`; the checks and the wait of
+/// [`view`], and the tensor must be read-write (the core's
+/// [`ReadOnly`](tensorbridge::Error::ReadOnly) otherwise).
+///
+/// # Safety
+/// A `Tensor` is cheap to clone, so its type cannot promise exclusive access. The caller
+/// guarantees:
+/// 1. while the view lives, and until the work it enqueues has finished on the device,
+///    nothing else reads or writes the tensor's bytes except work ordered with that work:
+///    no other view of this tensor or of a clone, no host view, no foreign code.
+pub unsafe fn view_mut<'t, T: CudaElement>(
+    tensor: &'t Tensor,
+    stream: &Arc<CudaStream>,
+) -> Result<TensorViewMut<'t, T>, Error> {
+    if tensor.is_readonly() {
+        return Err(tensorbridge::Error::ReadOnly.into());
+    }
+    make_view(tensor, stream, Release::Retire).map(TensorViewMut::from_view)
+}
+
+/// The checks, the wait and the view; `release` says how the memory outlives the GPU work.
+pub(crate) fn make_view<'t, T: CudaElement>(
+    tensor: &'t Tensor,
+    stream: &Arc<CudaStream>,
+    release: Release,
+) -> Result<TensorView<'t, T>, Error> {
+    let device = tensor.device();
+    let ordinal = stream.context().ordinal();
+    match device.kind {
+        DeviceType::Cuda if usize::try_from(device.ordinal).is_ok_and(|o| o == ordinal) => {}
+        DeviceType::Cuda => {
+            return Err(Error::DeviceMismatch {
+                tensor: device,
+                stream: ordinal,
+            });
+        }
+        // Managed memory is addressable from every device; its ordinal is 0 by convention.
+        DeviceType::CudaManaged => {}
+        _ => return Err(Error::NotCudaMemory { device }),
+    }
+    if T::DTYPE != tensor.dtype() {
+        return Err(tensorbridge::Error::DTypeMismatch {
+            expected: T::DTYPE,
+            found: tensor.dtype(),
+        }
+        .into());
+    }
+    reclaim();
+    make_ready_on_cudarc(tensor, stream)?;
+    let guard = match release {
+        Release::Retire => Guard::Retire(Some(tensor.owner().clone())),
+        Release::Nothing => Guard::Nothing,
+    };
+    Ok(TensorView {
+        // A device address fits in 64 bits on every target cudarc supports.
+        ptr: tensor.data_ptr() as sys::CUdeviceptr,
+        tensor,
+        stream: stream.clone(),
+        guard,
+        _elem: PhantomData,
+    })
+}
+
+impl<'t, T> TensorView<'t, T> {
+    /// The address of element 0 (data pointer plus byte offset), as kernels receive it.
+    pub fn device_ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The stream the view was made for; launch on it.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The tensor's description (shape, strides, dtype, device...).
+    pub fn descriptor(&self) -> &'t Descriptor {
+        self.tensor.descriptor()
+    }
+
+    /// Extents.
+    pub fn shape(&self) -> &'t [i64] {
+        self.tensor.shape()
+    }
+
+    /// Strides in units of elements, as a kernel indexes `ptr[i * stride]`.
+    pub fn strides_elems(&self) -> &'t [i64] {
+        self.tensor.strides_elems()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.tensor.numel()
+    }
+
+    /// Where the data is ready once the work enqueued on the view's stream so far has run:
+    /// [`Ready::Stream`] of that stream, or an event recorded on it now (per-thread default
+    /// streams, non-primary contexts). Call it after the launches that write, and attach it
+    /// to the tensor handed on (`tensor.clone().with_ready(view.ready_after()?)`).
+    pub fn ready_after(&self) -> Result<Ready, Error> {
+        ready_on_stream(&self.stream)
+    }
+}
+
+impl<T> Drop for TensorView<'_, T> {
+    fn drop(&mut self) {
+        match &mut self.guard {
+            Guard::Retire(owner) => {
+                if let Some(owner) = owner.take() {
+                    retire(&self.stream, owner);
+                }
+            }
+            Guard::Nothing => {}
+        }
+    }
+}
+
+impl<'t, T> TensorViewMut<'t, T> {
+    pub(crate) fn from_view(inner: TensorView<'t, T>) -> Self {
+        TensorViewMut { inner }
+    }
+
+    /// A read-only view of the same memory on the same stream, for launches that only read;
+    /// this mutable view does the release when it is dropped.
+    pub fn as_view(&self) -> TensorView<'_, T> {
+        TensorView {
+            ptr: self.inner.ptr,
+            tensor: self.inner.tensor,
+            stream: self.inner.stream.clone(),
+            guard: Guard::Nothing,
+            _elem: PhantomData,
+        }
+    }
+}
+
+impl<'t, T> std::ops::Deref for TensorViewMut<'t, T> {
+    type Target = TensorView<'t, T>;
+
+    /// The read-only getters; `&TensorViewMut` is not itself a launch argument.
+    fn deref(&self) -> &TensorView<'t, T> {
+        &self.inner
+    }
+}
+
+impl<T> fmt::Debug for TensorView<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorView")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("desc", self.tensor.descriptor())
+            .field("stream", &stream_of(&self.stream))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for TensorViewMut<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TensorViewMut").field(&self.inner).finish()
+    }
+}
+
+// SAFETY: pushes a pointer to the view's `CUdeviceptr` field (through cudarc's own impl for
+// `&u64`), exactly what cudarc's impl for `&CudaView` pushes. The field lives as long as the
+// `&'b` borrow of the view, and `'b: 'a` keeps it alive while the launch builder holds the
+// pointer. The pointed-to device memory is valid for the tensor's span on this device: the
+// tensor's owner guarantees it and outlives the view (`'t: 'b`).
+unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b TensorView<'t, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b TensorView<'t, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as for `&TensorView`; the view is writable (checked when it was made).
+unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b mut TensorViewMut<'t, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut TensorViewMut<'t, T>) -> &mut Self {
+        self.arg(&arg.inner.ptr)
+    }
+}
