@@ -26,11 +26,18 @@ struct Path {
 
 /// Every path, in table order. DLPack, the CUDA Array Interface, cudarc, libtorch and the
 /// Python frameworks add theirs here.
-const PATHS: &[Path] = &[Path {
-    producer: "host buffer (Arc owner)",
-    consumer: "tensorbridge::Tensor",
-    run: host_buffer_to_tensor,
-}];
+const PATHS: &[Path] = &[
+    Path {
+        producer: "host buffer (Arc owner)",
+        consumer: "tensorbridge::Tensor",
+        run: host_buffer_to_tensor,
+    },
+    Path {
+        producer: "tensorbridge::Tensor",
+        consumer: "DLPack 1.3 -> tensorbridge::Tensor",
+        run: tensor_through_dlpack,
+    },
+];
 
 /// What one path did.
 enum Outcome {
@@ -133,6 +140,48 @@ fn host_buffer_to_tensor() -> Result<Outcome> {
         write_visible,
         per_conversion,
     }))
+}
+
+/// A tensor exported as a versioned DLPack managed tensor and imported back: what any DLPack
+/// consumer receives, and the deleter chain that keeps the buffer alive.
+fn tensor_through_dlpack() -> Result<Outcome> {
+    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
+    let tensor = describe(&buffer)?;
+    let through = dlpack_roundtrip(&tensor)?;
+    drop(tensor);
+    // The producer's tensor is gone: only the DLPack chain keeps the buffer alive now.
+    let same_pointer = through.data_ptr() == buffer.addr();
+    let write_visible = {
+        let before = {
+            // SAFETY: obligation 1: the only view of the buffer while it lives (one thread,
+            // the producer's tensor dropped above, the buffer read only after this block).
+            let mut view = unsafe { through.host_view_mut::<f32>() }?;
+            let before = view.get(&[1, 2])?;
+            view.set(&[1, 2], -before)?;
+            before
+        };
+        buffer.read(5) == -before
+    };
+    drop(through);
+    let tensor = describe(&buffer)?;
+    let per_conversion = median_time(|| dlpack_roundtrip(black_box(&tensor)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// The conversion being timed: export to DLPack 1.3, hand the raw struct over, import it.
+fn dlpack_roundtrip(tensor: &Tensor) -> Result<Tensor> {
+    let raw = tensorbridge_dlpack::export_versioned(tensor)?.into_raw();
+    let Some(raw) = std::ptr::NonNull::new(raw) else {
+        bail!("export returned a null managed tensor");
+    };
+    // SAFETY: a live managed tensor just exported by tensorbridge-dlpack, whose owner clone
+    // keeps the buffer alive; ownership passes to the import and `raw` is not used again.
+    let imported = unsafe { tensorbridge_dlpack::import_versioned(raw) }?;
+    Ok(imported.into_tensor())
 }
 
 /// The conversion being timed: `buffer` as a 2x3 float32 tensor, through the raw descriptor,
