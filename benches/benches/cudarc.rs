@@ -73,17 +73,27 @@ fn handoff(c: &mut Criterion) {
     let signalled = tbc::record_ready(&s.owned).expect("record");
     assert!(matches!(signalled.ready(), Ready::Signal(_)));
     let mut group = c.benchmark_group("cudarc/handoff");
+    // The raw `handoff`s below hand the driver `consumer` and `producer`: streams of device 0's
+    // primary context that `s` keeps alive until after every result is dropped (at once).
     // Ready::Stream: pooled event recorded on the producer, cuStreamWaitEvent on the consumer.
     group.bench_function("stream_ready", |b| {
-        b.iter(|| tbc::handoff(black_box(&s.owned), consumer).expect("handoff"))
+        // SAFETY: `consumer` is live, and the result dropped at once (see above).
+        b.iter(|| unsafe { tbc::handoff(black_box(&s.owned), consumer) }.expect("handoff"))
     });
     // Ready::Signal: cuStreamWaitEvent only.
     group.bench_function("signal_ready", |b| {
-        b.iter(|| tbc::handoff(black_box(&signalled), consumer).expect("handoff"))
+        // SAFETY: `consumer` is live, and the result dropped at once (see above).
+        b.iter(|| unsafe { tbc::handoff(black_box(&signalled), consumer) }.expect("handoff"))
     });
     // Same stream: nothing to do.
     group.bench_function("same_stream", |b| {
-        b.iter(|| tbc::handoff(black_box(&s.owned), producer).expect("handoff"))
+        // SAFETY: `producer` is live, and the result dropped at once (see above).
+        b.iter(|| unsafe { tbc::handoff(black_box(&s.owned), producer) }.expect("handoff"))
+    });
+    // The safe form for a cudarc stream: as `stream_ready`, plus an event recorded on the
+    // consumer (the returned readiness keeps the stream alive).
+    group.bench_function("handoff_to", |b| {
+        b.iter(|| tbc::handoff_to(black_box(&s.owned), &s.consumer).expect("handoff_to"))
     });
     // Ready::Stream -> Ready::Signal: one pooled event recorded.
     group.bench_function("record_ready", |b| {

@@ -186,35 +186,51 @@ impl Event {
     }
 
     /// Captures the work enqueued on `stream` so far (`cuEventRecord`). `stream` must belong
-    /// to the event's context (or be a default stream, which then means that context's).
-    pub(crate) fn record(&self, stream: sys::CUstream) -> Result<(), Error> {
+    /// to the event's context (or be a default stream, which then means that context's); the
+    /// driver refuses a live handle of another context with `CUDA_ERROR_INVALID_HANDLE`.
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `stream` is a live stream for the duration of the call: a default-stream sentinel
+    ///    (`0x1`, `0x2`, null), or the handle of a stream that has not been destroyed. (A
+    ///    destroyed or made-up handle is undefined behaviour in the driver.)
+    pub(crate) unsafe fn record(&self, stream: sys::CUstream) -> Result<(), Error> {
         bind(self.context())?;
         // SAFETY: `self.raw` is a live event of the bound context (created in `create`, not
-        // destroyed before `self` drops). `stream` is a default-stream sentinel or a handle
-        // that the tensor's producer (or this crate's caller) named as a live stream; the
-        // driver reports handles of another context as `CUDA_ERROR_INVALID_HANDLE` (the crate
-        // docs' "Raw stream handles" says what the core's `Stream` does and does not prove).
+        // destroyed before `self` drops); `stream` is a live stream (our caller's obligation
+        // 1), and one of another context is refused by the driver, not misused.
         Error::check("cuEventRecord", unsafe {
             sys::cuEventRecord(self.raw, stream)
         })
     }
 
     /// Makes work enqueued on `stream` after this call wait, on the device, for the work the
-    /// event captured (`cuStreamWaitEvent`). Never blocks the host.
-    pub(crate) fn make_wait(&self, stream: sys::CUstream) -> Result<(), Error> {
-        self.make_wait_in(stream, self.context())
+    /// event captured (`cuStreamWaitEvent`). Never blocks the host. Default-stream sentinels
+    /// name the event's context's default streams.
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `stream` is a live stream for the duration of the call (as for [`Event::record`]).
+    pub(crate) unsafe fn make_wait(&self, stream: sys::CUstream) -> Result<(), Error> {
+        // SAFETY: our caller's obligation 1 is `make_wait_in`'s.
+        unsafe { self.make_wait_in(stream, self.context()) }
     }
 
     /// [`Event::make_wait`] with `ctx` current, for a `stream` of another context than the
     /// event's (default-stream sentinels then name `ctx`'s default streams).
-    pub(crate) fn make_wait_in(
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `stream` is a live stream for the duration of the call (as for [`Event::record`]).
+    pub(crate) unsafe fn make_wait_in(
         &self,
         stream: sys::CUstream,
         ctx: &CudaContext,
     ) -> Result<(), Error> {
         bind(ctx)?;
         // SAFETY: `self.raw` is a live event (waiting on an event of another context is
-        // allowed); `stream` is as in `record`. Flags 0 is `CU_EVENT_WAIT_DEFAULT`.
+        // allowed); `stream` is a live stream (our caller's obligation 1). Flags 0 is
+        // `CU_EVENT_WAIT_DEFAULT`.
         Error::check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(stream, self.raw, 0)
         })
@@ -299,6 +315,9 @@ fn destroy(ctx: &CudaContext, raw: sys::CUevent) {
 /// The core's name for a raw CUDA stream handle: null (the driver API's legacy default
 /// stream, since cudarc calls the non-`_ptsz` entry points) and `0x1` are
 /// [`Stream::LegacyDefault`], `0x2` is [`Stream::PerThreadDefault`].
+///
+/// Safe: a [`Stream`] is only a value, like a raw pointer; trusting it (attaching it to a
+/// tensor, handing it to the driver) is `unsafe`.
 pub fn stream_from_raw(raw: sys::CUstream) -> Stream {
     match raw as usize {
         0 | 1 => Stream::LegacyDefault,
@@ -315,6 +334,9 @@ pub fn stream_of(stream: &CudaStream) -> Stream {
 
 /// The handle to give the driver for a core stream: `CU_STREAM_LEGACY` (`0x1`),
 /// `CU_STREAM_PER_THREAD` (`0x2`) or the handle itself.
+///
+/// Safe: it only converts a number. Handing the result to the driver is what needs the
+/// stream to be live.
 pub fn raw_stream(stream: Stream) -> sys::CUstream {
     std::ptr::without_provenance_mut(stream.cuda_handle())
 }
@@ -334,7 +356,9 @@ static RETIRED: Mutex<Vec<Retired>> = Mutex::new(Vec::new());
 /// driver refuses the event, the owner is leaked instead: never freed early.
 pub(crate) fn retire(consumer: &CudaStream, owner: Owner) {
     let recorded = Event::in_context(consumer.context()).and_then(|done| {
-        done.record(consumer.cu_stream())?;
+        // SAFETY: `consumer` is a cudarc stream, borrowed for the call, so live; the event is
+        // in its context.
+        unsafe { done.record(consumer.cu_stream()) }?;
         Ok(done)
     });
     match recorded {

@@ -1,7 +1,7 @@
 //! cudarc 0.19 buffers as tensorbridge [`Tensor`]s and back, without copies, and the place
-//! where the workspace talks to the CUDA driver: GPU-side stream hand-off for any stream
-//! handle (including streams other frameworks own), and pointer inspection. The tch and
-//! Python crates reuse both.
+//! where the workspace talks to the CUDA driver: GPU-side stream hand-off to cudarc streams
+//! (safe) and to any raw stream handle, including streams other frameworks own (`unsafe`),
+//! and pointer inspection. The tch and Python crates reuse both.
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
@@ -9,14 +9,16 @@
 //! | `&mut CudaSlice`, `&mut CudaViewMut` -> tensor, borrowed for a scope | the same | zero-copy, read-write | as above, after pending reads too |
 //! | `CudaSlice` -> [`Tensor`], owned | [`into_tensor`], [`into_tensor_shaped`]; back with [`try_into_slice`] | zero-copy, the slice moves into the owner | as above |
 //! | any CUDA [`Tensor`] -> cudarc launch argument | [`view`], `unsafe` [`view_mut`] | zero-copy | the view's stream waits (on the GPU) for the tensor's [`Ready`] |
-//! | hand-off to any stream | [`handoff`], [`make_ready_on`] | none | event recorded on the producer, `cuStreamWaitEvent` on the consumer; host never blocked |
+//! | hand-off to a cudarc stream | [`handoff_to`], [`make_ready_on_stream`] | none | event recorded on the producer, `cuStreamWaitEvent` on the consumer; [`handoff_to`] then records a [`CudaSignal`] on the consumer (it keeps the stream alive); host never blocked |
+//! | hand-off to a raw stream handle | `unsafe` [`handoff`], [`make_ready_on`] | none | the same; [`handoff`] gives [`Ready::Stream`] of the consumer, which the caller keeps alive |
 //! | [`Ready::Stream`] -> [`Ready::Signal`] | [`record_ready`] | none | a pooled event recorded now ([`CudaSignal`]) |
 //! | raw address -> allocation | [`inspect`], [`check_span`] | none | none |
 //!
 //! A slice whose stream is a per-thread default stream, or belongs to a non-primary context,
 //! gets a [`CudaSignal`] recorded on that stream instead of a [`Ready::Stream`]: a raw handle
 //! plus an ordinal names a stream of the device's primary context, and `0x2` names a
-//! different stream on every host thread.
+//! different stream on every host thread. Such a signal names no stream
+//! ([`ReadySignal::producer_stream`](tensorbridge::ReadySignal::producer_stream) is `None`).
 //!
 //! ```no_run
 //! use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
@@ -89,18 +91,46 @@
 //! `CU_EVENT_DISABLE_TIMING` event recorded on it in the device's primary context, and the
 //! consumer gets `cuStreamWaitEvent`; [`Stream::LegacyDefault`](tensorbridge::Stream) and
 //! `PerThreadDefault` become `CU_STREAM_LEGACY` (`0x1`) and `CU_STREAM_PER_THREAD` (`0x2`).
-//! The host blocks only in [`synchronize`] and [`CudaSignal::synchronize`]. Driver errors
+//! The host blocks only in [`synchronize`] and [`CudaSignal::synchronize`] (and where
+//! [`make_ready_on_stream`] must wait for another adapter's signal on a stream that signal
+//! cannot be given). Driver errors
 //! are [`Error::Driver`] (the call's name and its `CUresult`); without libcuda every such
 //! function returns [`Error::NoDriver`] ([`driver_present`] is checked first: cudarc panics
 //! instead).
 //!
 //! # Raw stream handles
-//! The core's [`Stream`](tensorbridge::Stream) is plain data: safe code can put any number
-//! in a `StreamHandle`, and this crate passes such handles to the driver. The driver reports
-//! a handle of another context as `CUDA_ERROR_INVALID_HANDLE`, but a number that was never a
-//! stream, or a destroyed stream, is undefined behaviour in the driver. Handles must
-//! therefore come from the framework that owns the stream (the adapters do this) and stay
-//! alive while tensors refer to them.
+//! The core's [`Stream`](tensorbridge::Stream) follows the raw-pointer model: safe to make
+//! from any number, `unsafe` to trust. The driver reports a live handle of another context as
+//! `CUDA_ERROR_INVALID_HANDLE`, but a number that was never a stream, or a destroyed stream,
+//! is undefined behaviour in the driver, so every way a raw stream reaches it is `unsafe`:
+//! - **Readiness**: the core's `unsafe` [`Tensor::with_ready`] (and the adapters' `unsafe`
+//!   constructors) vouch that a tensor's [`Ready`] is true and that the streams it names are
+//!   live streams of the tensor's device's primary context while a clone of the tensor names
+//!   them, and that a per-thread default stream is used only on its own thread. This crate's
+//!   functions that use only a tensor's own readiness ([`record_ready`], [`synchronize`],
+//!   [`view`]) are therefore safe, and so are the readiness values it attaches itself: a
+//!   slice's stream is kept alive by the slice (owned) or the [`Borrowed`] (borrowed), and a
+//!   [`CudaSignal`] made by [`CudaSignal::record_on`] holds its stream.
+//! - **Consumer and producer arguments**: functions that take a raw
+//!   [`Stream`](tensorbridge::Stream) and hand it to the driver are `unsafe`, and the caller
+//!   vouches that it is live for the call ([`make_ready_on`], [`CudaSignal::record`],
+//!   [`CudaSignal::wait_on`], [`Borrowed::make_ready_on`], [`Borrowed::join`]), or, where the
+//!   result names it, for as long as that result does ([`handoff`]). Each has a safe
+//!   counterpart that takes a cudarc stream, live for the call by construction:
+//!   [`make_ready_on_stream`], [`handoff_to`], [`CudaSignal::record_on`],
+//!   [`CudaSignal::wait_on_stream`], [`Borrowed::make_ready_on_stream`],
+//!   [`Borrowed::join_stream`].
+//!
+//! Raw handles should come from the framework that owns the stream (the tch and Python
+//! adapters do this) and stay alive while tensors name them.
+//!
+//! ```compile_fail,E0133
+//! # fn demo(tensor: &tensorbridge::Tensor) -> Result<(), tensorbridge_cudarc::Error> {
+//! use tensorbridge::{Stream, StreamHandle};
+//! let made_up = Stream::Handle(StreamHandle::new(0xdead).unwrap()); // fine: a number
+//! let handed = tensorbridge_cudarc::handoff(tensor, made_up)?; // refused: the driver trusts it
+//! # Ok(()) }
+//! ```
 //!
 //! # Limitations
 //! - Element types: `i8`..`i64`, `u8`..`u64`, `f32`, `f64`, `bool`, and `half::f16`/`bf16`
@@ -117,8 +147,9 @@
 //!   ordinal 0, so their producer streams are taken to be device 0's.
 //! - [`Stream::PerThreadDefault`](tensorbridge::Stream) names the calling thread's
 //!   per-thread stream: a tensor whose [`Ready`] is `Stream(PerThreadDefault)` must be
-//!   handed off on the thread that produced it (this crate records an event instead when it
-//!   meets one on a cudarc slice or view).
+//!   handed off on the thread that produced it, which whoever attached that readiness vouched
+//!   for ([`Tensor::with_ready`], obligation 3). This crate records an event instead when it
+//!   meets one on a cudarc slice or view, and its signals never name it.
 //! - Driver calls make the context they need current on the calling thread and leave it so
 //!   (as cudarc does).
 //! - Owners kept for dropped views are released lazily, by the next [`view`],
@@ -139,7 +170,9 @@ pub use driver::{
 };
 pub use dtype::CudaElement;
 pub use error::{Error, IntoTensorError};
-pub use handoff::{CudaSignal, handoff, make_ready_on, record_ready, synchronize};
+pub use handoff::{
+    CudaSignal, handoff, handoff_to, make_ready_on, make_ready_on_stream, record_ready, synchronize,
+};
 pub use pointer::{MemoryType, PointerInfo, check_span, check_span_with, inspect};
 pub use slice::{
     Borrowed, Source, check_fits, into_tensor, into_tensor_shaped, try_into_slice, with_slice,

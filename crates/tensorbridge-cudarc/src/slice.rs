@@ -10,9 +10,9 @@ use cudarc::driver::{
 use tensorbridge::{Access, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 
 use crate::driver::{Event, reclaim, stream_of};
-use crate::handoff::{make_ready_on_cudarc, ready_on_stream};
+use crate::handoff::ready_on_stream;
 use crate::view::{Release, TensorView, TensorViewMut, make_view};
-use crate::{CudaElement, Error, IntoTensorError, make_ready_on};
+use crate::{CudaElement, Error, IntoTensorError, make_ready_on, make_ready_on_stream};
 
 /// Checks that `layout` (shape, strides in elements, byte offset) reaches only bytes of a
 /// slice of `len` elements of `itemsize` bytes: every byte `[lo, hi)` it reaches, counted
@@ -171,8 +171,9 @@ struct BorrowOwner;
 /// clone would outlive the borrow and let safe code use freed memory. It gives out what
 /// cannot escape: the [`Descriptor`] and [`Ready`] by reference, views for cudarc launches
 /// ([`Borrowed::view`], [`Borrowed::view_mut`]), GPU-side ordering
-/// ([`Borrowed::make_ready_on`], [`Borrowed::join`]), and the tensor itself only through the
-/// `unsafe` [`Borrowed::as_tensor`].
+/// ([`Borrowed::make_ready_on_stream`], [`Borrowed::join_stream`], and their `unsafe`
+/// raw-stream forms [`Borrowed::make_ready_on`], [`Borrowed::join`]), and the tensor itself
+/// only through the `unsafe` [`Borrowed::as_tensor`].
 ///
 /// When [`with_slice`] returns (or unwinds), the buffer goes back to cudarc's tracking: its
 /// stream is made to wait (on the GPU) for the work enqueued so far on every stream a view was
@@ -255,7 +256,16 @@ fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Borrowed<S>, Error
     //   clone of its owner stay inside the `Borrowed` and its views, which cannot outlive it
     //   (`as_tensor`, the one way out, is `unsafe` with that obligation);
     // - device memory: no host views (obligation 2 concerns host-accessible memory only).
-    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(BorrowOwner)) }.with_ready(ready);
+    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(BorrowOwner)) };
+    // SAFETY:
+    // - 1: `touch` made `stream` wait for the buffer's pending cudarc work, and `ready` is
+    //   `stream` itself or an event recorded on it since, so work ordered after `ready` sees
+    //   every write cudarc tracked;
+    // - 2: `ready` names a stream only as `stream`, a stream of the tensor's device's primary
+    //   context (`ready_on_stream`): the `Borrowed` holds an `Arc` of it (a signal holds its
+    //   own), and the tensor and its clones cannot outlive the `Borrowed` (see above);
+    // - 3: `ready_on_stream` never names the per-thread default stream.
+    let tensor = unsafe { tensor.with_ready(ready) };
     Ok(Borrowed {
         tensor,
         source,
@@ -310,29 +320,68 @@ impl<S: Source> Borrowed<S> {
             .consumers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let known = |s: &Arc<CudaStream>| {
-            s.cu_stream() == stream.cu_stream() && s.context().cu_ctx() == stream.context().cu_ctx()
-        };
+        let known = |s: &Arc<CudaStream>| same_stream(s, stream);
         if !known(&self.stream) && !consumers.iter().any(known) {
             consumers.push(stream.clone());
         }
     }
 
-    /// Orders `consumer` after the buffer's pending work, on the GPU ([`crate::make_ready_on`]).
-    pub fn make_ready_on(&self, consumer: Stream) -> Result<(), Error> {
-        make_ready_on(&self.tensor, consumer)
+    /// Orders `consumer` after the buffer's pending work, on the GPU
+    /// ([`make_ready_on_stream`](crate::make_ready_on_stream)), and remembers it, as views
+    /// do, so that the buffer's stream waits for its work when the scope ends. Safe: the
+    /// stream is live for the call by construction.
+    pub fn make_ready_on_stream(&self, consumer: &Arc<CudaStream>) -> Result<(), Error> {
+        make_ready_on_stream(&self.tensor, consumer)?;
+        self.consumer(consumer);
+        Ok(())
+    }
+
+    /// Orders `consumer`, a raw stream, after the buffer's pending work, on the GPU
+    /// ([`crate::make_ready_on`]). Unlike [`make_ready_on_stream`](Borrowed::make_ready_on_stream),
+    /// it cannot remember the stream: [`join`](Borrowed::join) it after its work is enqueued.
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `consumer` is a live stream on the buffer's device for the duration of the call:
+    ///    the handle of a stream of that device's primary context that has not been
+    ///    destroyed, or a default stream ([`crate::make_ready_on`]'s obligation 1).
+    pub unsafe fn make_ready_on(&self, consumer: Stream) -> Result<(), Error> {
+        // SAFETY: our caller's obligation 1 is `make_ready_on`'s, for the tensor that
+        // describes the buffer (on the buffer's device).
+        unsafe { make_ready_on(&self.tensor, consumer) }
     }
 
     /// Makes the buffer's stream wait (on the GPU) for the work enqueued on `consumer` so
     /// far: call it after using the tensor on a stream of your own through
-    /// [`as_tensor`](Borrowed::as_tensor) (views are joined by themselves).
-    pub fn join(&self, consumer: Stream) -> Result<(), Error> {
+    /// [`as_tensor`](Borrowed::as_tensor) (views, and streams given to
+    /// [`make_ready_on_stream`](Borrowed::make_ready_on_stream), are joined by themselves).
+    /// `consumer` may be of any context or device. Safe: the stream is live for the call by
+    /// construction.
+    pub fn join_stream(&self, consumer: &CudaStream) -> Result<(), Error> {
+        if same_stream(consumer, &self.stream) {
+            return Ok(());
+        }
+        join_streams(consumer, &self.stream)
+    }
+
+    /// [`join_stream`](Borrowed::join_stream) for a raw stream of the buffer's stream's
+    /// context (default streams are that context's).
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `consumer` is a live stream of the context of the buffer's
+    ///    [`stream`](Borrowed::stream) for the duration of the call: the handle of a stream
+    ///    that has not been destroyed, or a default stream.
+    pub unsafe fn join(&self, consumer: Stream) -> Result<(), Error> {
         if consumer == stream_of(&self.stream) {
             return Ok(());
         }
         let done = Event::in_context(self.stream.context())?;
-        done.record(crate::raw_stream(consumer))?;
-        done.make_wait(self.stream.cu_stream())
+        // SAFETY: `consumer` is live for the call (our caller's obligation 1), in the event's
+        // context.
+        unsafe { done.record(crate::raw_stream(consumer)) }?;
+        // SAFETY: the buffer's stream is a cudarc stream that `self` holds, so live.
+        unsafe { done.make_wait(self.stream.cu_stream()) }
     }
 
     /// The tensor itself, for adapters that take a `&Tensor`.
@@ -342,8 +391,10 @@ impl<S: Source> Borrowed<S> {
     /// 1. no clone of the tensor or of its owner outlives the [`with_slice`] call (the owner
     ///    keeps nothing alive; the borrow does);
     /// 2. device work that uses the memory through it is ordered before the buffer's next use
-    ///    by cudarc: it was enqueued on the buffer's [`stream`](Borrowed::stream), or
-    ///    [`join`](Borrowed::join) was called for its stream after it was enqueued.
+    ///    by cudarc: it was enqueued on the buffer's [`stream`](Borrowed::stream), or on a
+    ///    stream given to [`make_ready_on_stream`](Borrowed::make_ready_on_stream), or
+    ///    [`join_stream`](Borrowed::join_stream) (or [`join`](Borrowed::join)) was called for
+    ///    its stream after it was enqueued.
     pub unsafe fn as_tensor(&self) -> &Tensor {
         &self.tensor
     }
@@ -367,14 +418,27 @@ impl<S: Source> Drop for Borrowed<S> {
     }
 }
 
+/// Whether two cudarc streams are one: the same handle in the same context.
+fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx()
+}
+
+/// Makes `home` wait on the GPU for the work enqueued on `consumer` so far.
+fn join_streams(consumer: &CudaStream, home: &CudaStream) -> Result<(), Error> {
+    let done = Event::in_context(consumer.context())?;
+    // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; the event is in
+    // its context.
+    unsafe { done.record(consumer.cu_stream()) }?;
+    // SAFETY: `home` is a cudarc stream borrowed for the call, so live; its context is made
+    // current.
+    unsafe { done.make_wait_in(home.cu_stream(), home.context()) }
+}
+
 /// Makes `home` wait on the GPU for the work enqueued on `consumer` so far. If the driver
 /// refuses, blocks until `consumer` is idle instead: the borrow ends when the scope returns,
 /// and the memory must not be reused before the consumer is done with it.
 fn join(consumer: &CudaStream, home: &CudaStream) {
-    let joined = Event::in_context(consumer.context()).and_then(|done| {
-        done.record(consumer.cu_stream())?;
-        done.make_wait_in(home.cu_stream(), home.context())
-    });
+    let joined = join_streams(consumer, home);
     if joined.is_err() {
         // Nothing better is left to do with an error here; cudarc keeps it for its next call.
         consumer.context().record_err(consumer.synchronize());
@@ -445,7 +509,15 @@ fn own<T: CudaElement>(
     // - the owner is the slice itself, so the memory stays allocated until the last clone of
     //   the owner is dropped; nothing else can reach the slice after this move;
     // - device memory: no host views (obligation 2 concerns host-accessible memory only).
-    Ok(unsafe { Tensor::from_descriptor(desc, Arc::new(SliceOwner(slice))) }.with_ready(ready))
+    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(SliceOwner(slice))) };
+    // SAFETY:
+    // - 1: `device_ptr_mut` made `stream` wait for the slice's pending cudarc reads and
+    //   writes, and `ready` is `stream` itself or an event recorded on it since;
+    // - 2: `ready` names a stream only as `stream`, a stream of the tensor's device's primary
+    //   context (`ready_on_stream`), which the slice holds an `Arc` of (a signal holds its
+    //   own): the owner, and so every clone of the tensor, keeps it alive;
+    // - 3: `ready_on_stream` never names the per-thread default stream.
+    Ok(unsafe { tensor.with_ready(ready) })
 }
 
 /// Takes the slice back out of a tensor made by [`into_tensor`], if this is the last clone
@@ -465,7 +537,7 @@ pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Te
     if Arc::strong_count(&typed) != 2 {
         return Err(tensor);
     }
-    if make_ready_on_cudarc(&tensor, typed.0.stream()).is_err() {
+    if make_ready_on_stream(&tensor, typed.0.stream()).is_err() {
         return Err(tensor);
     }
     let desc = tensor.descriptor().clone();
@@ -483,7 +555,14 @@ pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Te
             let owner: tensorbridge::Owner = typed;
             // SAFETY: the same description and owner as the tensor dropped just above, whose
             // guarantees (made in `own`) hold for as long as the owner lives.
-            Err(unsafe { Tensor::from_descriptor(desc, owner) }.with_ready(ready))
+            let rebuilt = unsafe { Tensor::from_descriptor(desc, owner) };
+            // SAFETY: `ready` is the readiness of the tensor dropped just above, given back
+            // to the caller as the same tensor (same description and owner) rebuilt; no driver
+            // call or other thread saw the gap. What was promised when `ready` was attached
+            // (it is true, its streams live while a clone names them, a per-thread stream
+            // used only on its thread) therefore covers the rebuilt tensor as it covered the
+            // dropped one.
+            Err(unsafe { rebuilt.with_ready(ready) })
         }
     }
 }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, LaunchArgs, PushKernelArg, sys};
 use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor};
 
 use crate::driver::{reclaim, retire, stream_of};
-use crate::handoff::{make_ready_on_cudarc, ready_on_stream};
+use crate::handoff::{make_ready_on_stream, ready_on_stream};
 use crate::{CudaElement, Error};
 
 /// What a view does for its memory when dropped.
@@ -67,7 +67,11 @@ pub struct TensorViewMut<'t, T> {
 /// Checks that the memory is CUDA device memory on the stream's device (or managed memory),
 /// and that `T` is the tensor's dtype; then reclaims finished owners ([`crate::reclaim`]) and
 /// enqueues on `stream` the GPU-side wait for the tensor's readiness
-/// ([`make_ready_on`](crate::make_ready_on)). Never blocks the host.
+/// ([`make_ready_on_stream`](crate::make_ready_on_stream)). Never blocks the host (but see
+/// there for signals of other adapters).
+///
+/// Safe: `stream` is a cudarc stream, live by construction, and the tensor's own readiness
+/// was vouched for by whoever attached it ([`Tensor::with_ready`]).
 ///
 /// ```no_run
 /// # fn demo(tensor: &tensorbridge::Tensor, f: &cudarc::driver::CudaFunction,
@@ -135,7 +139,7 @@ pub(crate) fn make_view<'t, T: CudaElement>(
         .into());
     }
     reclaim();
-    make_ready_on_cudarc(tensor, stream)?;
+    make_ready_on_stream(tensor, stream)?;
     let guard = match release {
         Release::Retire => Guard::Retire(Some(tensor.owner().clone())),
         Release::Nothing => Guard::Nothing,
@@ -183,8 +187,27 @@ impl<'t, T> TensorView<'t, T> {
 
     /// Where the data is ready once the work enqueued on the view's stream so far has run:
     /// [`Ready::Stream`] of that stream, or an event recorded on it now (per-thread default
-    /// streams, non-primary contexts). Call it after the launches that write, and attach it
-    /// to the tensor handed on (`tensor.clone().with_ready(view.ready_after()?)`).
+    /// streams, non-primary contexts; such a signal keeps the stream alive and names none).
+    /// Call it after the launches that write, and attach it to the tensor handed on.
+    ///
+    /// Attaching is the `unsafe` [`Tensor::with_ready`]: a [`Ready::Stream`] names the view's
+    /// stream without keeping it alive, so keep a clone of [`stream`](TensorView::stream)
+    /// (in the tensor's owner, or beside it) until no clone of the tensor names it:
+    ///
+    /// ```no_run
+    /// # fn demo(tensor: tensorbridge::Tensor, stream: &std::sync::Arc<cudarc::driver::CudaStream>)
+    /// #     -> Result<(), tensorbridge_cudarc::Error> {
+    /// // SAFETY: nothing else reads or writes `tensor` while `x` and its kernels run.
+    /// let x = unsafe { tensorbridge_cudarc::view_mut::<f32>(&tensor, stream)? };
+    /// // ... launches that write `x` on `x.stream()` ...
+    /// let ready = x.ready_after()?;
+    /// drop(x);
+    /// // SAFETY: the kernels that write were enqueued on `stream` before `ready_after`, so
+    /// // `ready` is true; `stream` is a stream this program keeps alive (it outlives
+    /// // `handed` and its clones); `ready_after` never names the per-thread default stream.
+    /// let handed = unsafe { tensor.with_ready(ready) };
+    /// # drop(handed); Ok(()) }
+    /// ```
     pub fn ready_after(&self) -> Result<Ready, Error> {
         ready_on_stream(&self.stream)
     }

@@ -23,6 +23,14 @@
 //! [`Descriptor`]. [`Tensor::from_descriptor`] (the only constructor that trusts a pointer,
 //! hence `unsafe`) attaches the owner. After that, nothing can fail.
 //!
+//! Readiness crosses the same boundary. A [`Ready`], and the [`Stream`]s and
+//! [`StreamHandle`]s it names, is a plain value that safe code may make from any number, like
+//! a raw pointer; trusting it is `unsafe`. [`Tensor::with_ready`] attaches it, and its caller
+//! vouches that it is true (host views need [`Ready::Now`]) and that every stream it names is
+//! live (CUDA-aware adapters hand those streams to the driver from safe functions).
+//! [`ReadySignal::enqueue_wait`], which takes a consumer stream, is `unsafe` for the same
+//! reason.
+//!
 //! ```
 //! use tensorbridge::{Constraint, DType, Tensor};
 //!

@@ -5,6 +5,13 @@
 //! adapter (tensorbridge-cudarc) turns that into GPU-side ordering by implementing
 //! [`ReadySignal`] or by recording an event on [`Ready::Stream`] and making the consumer's
 //! stream wait on it.
+//!
+//! Streams follow the raw-pointer model: a [`StreamHandle`], a [`Stream`] or a [`Ready`] is a
+//! plain value, safe to make from any number; trusting one is `unsafe`. Attaching a readiness
+//! to a tensor ([`Tensor::with_ready`](crate::Tensor::with_ready)) vouches that it is true and
+//! that the streams it names are live, because adapters hand those streams to the driver from
+//! safe code; handing a stream to a driver directly ([`ReadySignal::enqueue_wait`], the
+//! adapters' raw-stream functions) vouches the same for the call.
 
 use std::any::Any;
 use std::fmt;
@@ -15,12 +22,20 @@ use crate::{DeviceType, Error};
 
 /// A raw stream handle (`cudaStream_t`, `hipStream_t`) that is not one of the special values
 /// 0, 1 or 2, so it cannot be confused with a default stream.
+///
+/// Only a number: safe to make, like a raw pointer; trusting it (attaching it to a tensor with
+/// [`Tensor::with_ready`](crate::Tensor::with_ready), handing it to a driver) is `unsafe`,
+/// with the obligation that it names a live stream.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamHandle(NonZeroUsize);
 
 impl StreamHandle {
     /// A handle from its address. `None` for 0, 1 and 2, which are the default streams'
     /// sentinels, never real handles.
+    ///
+    /// Safe: nothing checks, or needs, that `raw` is a stream. A handle is safe to make, like
+    /// a raw pointer; trusting it (attaching it to a tensor, handing it to a driver) is
+    /// `unsafe`.
     pub const fn new(raw: usize) -> Option<StreamHandle> {
         if raw <= 2 {
             return None;
@@ -48,11 +63,18 @@ impl fmt::Debug for StreamHandle {
 /// CUDA's `cudaStreamLegacy` and `cudaStreamPerThread` are the handles `0x1` and `0x2`; the
 /// null handle means one of them depending on how the code was compiled, which is why no
 /// variant stands for it. ROCm's default (null) stream is [`Stream::LegacyDefault`].
+///
+/// A plain value, like a raw pointer: safe to make, `unsafe` to trust (see [`StreamHandle`]).
+/// The default streams are those of whichever context the call that uses them makes current
+/// (for the adapters: the primary context of the tensor's device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stream {
     /// The legacy default stream (CUDA `cudaStreamLegacy`, ROCm's null stream).
     LegacyDefault,
-    /// The per-thread default stream (CUDA `cudaStreamPerThread`).
+    /// The per-thread default stream (CUDA `cudaStreamPerThread`) *of the thread that uses
+    /// the value*: it names a different stream on every host thread. A readiness that names
+    /// it is true only on the thread that enqueued the producer's work (see
+    /// [`Tensor::with_ready`](crate::Tensor::with_ready), obligation 3).
     PerThreadDefault,
     /// Any other stream.
     Handle(StreamHandle),
@@ -115,6 +137,10 @@ impl fmt::Display for StreamConvention {
 
 /// The one mapping from wire integers to streams. `None` is the Python `None` (or an absent
 /// key).
+///
+/// Safe, although the integer comes from foreign code: the result is only a value. A stream is
+/// safe to make, like a raw pointer; trusting it (attaching it to a tensor, handing it to a
+/// driver) is `unsafe`, and that is where the caller vouches for the producer.
 ///
 /// | wire value | `DlpackCuda`                | `DlpackRocm`        | `CudaArrayInterface` |
 /// |------------|-----------------------------|---------------------|----------------------|
@@ -202,16 +228,31 @@ pub type SignalError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Implementations must be cheap to share ([`Ready`] holds them in an `Arc`) and must not
 /// block the host in [`ReadySignal::enqueue_wait`].
+///
+/// Implementing the trait is safe: a signal is trusted only once it is attached to a tensor
+/// with the `unsafe` [`Tensor::with_ready`](crate::Tensor::with_ready), whose caller vouches
+/// that it is true and that its [`producer_stream`](ReadySignal::producer_stream) is live.
 pub trait ReadySignal: Any + Send + Sync + fmt::Debug {
     /// Make work submitted to `consumer` after this call wait until the data is ready,
     /// on the device, without blocking the host.
-    fn enqueue_wait(&self, consumer: Stream) -> Result<(), SignalError>;
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `consumer` is a live stream on the signal's device (the device of the tensor it is
+    ///    attached to) for the duration of the call: a handle of a stream of that device's
+    ///    primary context that has not been destroyed, or a default stream, which then means
+    ///    that context's (and, for [`Stream::PerThreadDefault`], the calling thread's). For
+    ///    the wait to order anything, the consumer's work must be enqueued after this call,
+    ///    while the stream still lives.
+    unsafe fn enqueue_wait(&self, consumer: Stream) -> Result<(), SignalError>;
 
     /// Block the calling host thread until the data is ready.
     fn synchronize(&self) -> Result<(), SignalError>;
 
-    /// The producer stream the signal was recorded on, if it has one (for the CUDA Array
-    /// Interface, which carries a stream, not an event).
+    /// The producer stream the signal was recorded on, if a stream value names it for any
+    /// thread (for the CUDA Array Interface, which carries a stream, not an event). Signals
+    /// recorded on [`Stream::PerThreadDefault`], which names another stream on every thread,
+    /// should return `None`.
     fn producer_stream(&self) -> Option<Stream>;
 
     /// Upcast, so an adapter can recognise its own signal type.
@@ -219,12 +260,20 @@ pub trait ReadySignal: Any + Send + Sync + fmt::Debug {
 }
 
 /// Where a tensor's data becomes ready.
+///
+/// A plain value, safe to make; a tensor trusts it only through the `unsafe`
+/// [`Tensor::with_ready`](crate::Tensor::with_ready), whose caller vouches that it is true and
+/// that the streams it names are live.
 #[derive(Clone, Debug, Default)]
 pub enum Ready {
     /// No pending work: the data may be used on any stream and from the host.
     #[default]
     Now,
     /// The data is ready once the work enqueued on this producer stream so far has finished.
+    ///
+    /// The stream is one of the tensor's device's primary context. [`Stream::PerThreadDefault`]
+    /// means the per-thread default stream of the thread that *uses* the tensor, which differs
+    /// from thread to thread: it is true only on the thread that enqueued the producer's work.
     Stream(Stream),
     /// An adapter-provided signal (for example a CUDA event recorded on the producer stream).
     Signal(Arc<dyn ReadySignal>),

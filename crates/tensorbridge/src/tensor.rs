@@ -5,6 +5,8 @@ use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+#[cfg(doc)]
+use crate::Stream;
 use crate::layout::{Facts, check_extents, row_major_strides};
 use crate::view::{Element, HostView, HostViewMut};
 use crate::{DType, Device, Error, Layout, Packing, Ready};
@@ -433,7 +435,9 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// Attaches an owner to a validated description.
+    /// Attaches an owner to a validated description. The tensor is [`Ready::Now`]: when work
+    /// on the memory is still pending, attach where it completes with [`Tensor::with_ready`]
+    /// before the tensor is used.
     ///
     /// # Safety
     /// The caller guarantees, until every clone of `owner` is dropped (the tensor and its
@@ -495,7 +499,38 @@ impl Tensor {
 
     /// The same tensor, ready per `ready` (adapters call this when they know the producer
     /// stream or have recorded an event).
-    pub fn with_ready(self, ready: Ready) -> Tensor {
+    ///
+    /// `unsafe` because everything downstream trusts the readiness: host views are allowed
+    /// only on [`Ready::Now`], and CUDA-aware adapters hand the streams it names to the driver
+    /// from safe functions. A [`Ready`] itself is safe to make, like a raw pointer; attaching
+    /// it is what vouches for it:
+    ///
+    /// ```compile_fail,E0133
+    /// use tensorbridge::{Ready, Stream, StreamHandle, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32], &[1])?;
+    /// let made_up = Stream::Handle(StreamHandle::new(0xdead).unwrap()); // fine: a number
+    /// let t = t.with_ready(Ready::Stream(made_up)); // refused: trusting it is `unsafe`
+    /// # Ok::<(), tensorbridge::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    /// The caller guarantees:
+    /// 1. `ready` truthfully says when the data is ready: host or device access ordered after
+    ///    it sees every write of the producer's work ([`Ready::Stream`]: the work enqueued on
+    ///    that stream so far; [`Ready::Signal`]: the signal's `enqueue_wait` and `synchronize`
+    ///    order after it). [`Ready::Now`] only when nothing is pending: no device work that
+    ///    writes the memory still runs or waits to run;
+    /// 2. every stream handle `ready` names ([`Ready::Stream`]`(`[`Stream::Handle`]`(_))`, or a
+    ///    signal's [`producer_stream`](crate::ReadySignal::producer_stream)) is a live stream
+    ///    on the tensor's device, in its primary context (the runtime API's, which PyTorch,
+    ///    CuPy and JAX use), until no clone of the returned tensor names it any more: each has
+    ///    been dropped or given another readiness that does not name it;
+    /// 3. [`Stream::PerThreadDefault`] names the per-thread default stream of the thread that
+    ///    uses the tensor, which differs from thread to thread: `ready` names it only when
+    ///    this is the thread that enqueued the producer's work, and while a clone of the
+    ///    returned tensor still names it, adapters are asked to act on the readiness (hand
+    ///    it off, view, synchronise or export it) only on this thread.
+    pub unsafe fn with_ready(self, ready: Ready) -> Tensor {
         Tensor { ready, ..self }
     }
 

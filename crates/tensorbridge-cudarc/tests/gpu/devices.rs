@@ -42,9 +42,12 @@ fn tensors_carry_their_device_and_views_refuse_other_devices() -> Result<()> {
             tbc::view::<f32>(t0, s1),
             Err(Error::DeviceMismatch { tensor, stream: 1 }) if tensor == Device::cuda(0)
         ));
-        // A hand-off across devices: device 1's stream waits for device 0's producer.
-        let handed = tbc::handoff(t0, tbc::stream_of(s1))?;
-        assert_eq!(handed.ready().producer_stream(), Some(tbc::stream_of(s1)));
+        // A hand-off across devices: device 1's stream waits for device 0's producer. The
+        // signal recorded on device 1's stream names no stream: a tensor's readiness names
+        // streams of its own device only.
+        let handed = tbc::handoff_to(t0, s1)?;
+        assert!(matches!(handed.ready(), Ready::Signal(_)));
+        assert_eq!(handed.ready().producer_stream(), None);
         println!("cross-device view refused, cross-device hand-off enqueued");
     } else {
         println!("one device: the cross-device refusal needs two (run on a 2-GPU machine)");
@@ -85,12 +88,13 @@ fn default_streams_map_to_the_core_sentinels() -> Result<()> {
         assert!(matches!(b.ready(), Ready::Stream(st) if *st == tbc::stream_of(&s)));
         Ok(())
     })?;
-    // On the per-thread default stream (a different stream on every thread), an event.
+    // On the per-thread default stream (a different stream on every thread), an event, which
+    // names no stream: `0x2` would mean another stream on the thread that reads it.
     let per_thread = ctx.per_thread_stream();
     let slice = per_thread.clone_htod(&[1u8, 2, 3])?;
     tbc::with_slice(&slice, |b| -> Result<()> {
         assert!(matches!(b.ready(), Ready::Signal(_)));
-        assert_eq!(b.ready().producer_stream(), Some(Stream::PerThreadDefault));
+        assert_eq!(b.ready().producer_stream(), None);
         Ok(())
     })?;
     per_thread.synchronize()?;

@@ -33,13 +33,26 @@ const SENTINEL: (f32, f32) = (0.0, -1.0);
 /// would hand it over: a raw pointer, an owner, the producer's stream), and the consumer's
 /// output buffer.
 struct Rig {
+    /// First, so it drops before `a`, the stream its readiness names.
+    tensor: Tensor,
     ctx: Arc<CudaContext>,
     k: Kernels,
     a: Arc<CudaStream>,
     b: Arc<CudaStream>,
     src: u64,
-    tensor: Tensor,
     dst: CudaSlice<f32>,
+}
+
+/// How [`Rig::race`] hands the tensor to the consumer.
+#[derive(Clone, Copy)]
+enum HandOff {
+    /// The `unsafe` [`tbc::handoff`], with the consumer as a raw stream handle (as another
+    /// framework's stream would come).
+    Raw,
+    /// The safe [`tbc::handoff_to`], with the consumer as a cudarc stream.
+    Cudarc,
+    /// None at all: the control.
+    Skip,
 }
 
 impl Rig {
@@ -61,8 +74,13 @@ impl Rig {
         )?;
         // SAFETY: the owner is the slice itself, which keeps the N floats allocated on cuda:0;
         // the kernels below are the only writers, ordered by the test.
-        let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(data)) }
-            .with_ready(Ready::Stream(tbc::stream_of(&a)));
+        let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(data)) };
+        // SAFETY:
+        // - 1: every write to the data is a kernel on `a` (the upload, `reset`, `race`);
+        // - 2: `a`, a stream of device 0's primary context, is held by the rig, which drops
+        //   `tensor` first; the tests drop every clone before the rig;
+        // - 3: not the per-thread default stream.
+        let tensor = unsafe { tensor.with_ready(Ready::Stream(tbc::stream_of(&a))) };
         let rig = Rig {
             ctx,
             k,
@@ -73,7 +91,7 @@ impl Rig {
             dst,
         };
         // Warm up: the device's primary context and its event pool, outside any timing.
-        tbc::handoff(&rig.tensor, tbc::stream_of(&rig.b))?;
+        tbc::handoff_to(&rig.tensor, &rig.b)?;
         rig.ctx.synchronize()?;
         Ok(rig)
     }
@@ -88,7 +106,7 @@ impl Rig {
 
     /// Launches the slow write on A, then (with or without hand-off) the copy on `consumer`;
     /// returns what happened.
-    fn race(&self, consumer: &Arc<CudaStream>, handoff: bool) -> Result<Outcome> {
+    fn race(&self, consumer: &Arc<CudaStream>, how: HandOff) -> Result<Outcome> {
         self.reset()?;
         let (scale, offset) = (2.0, 1.0);
         Affine::fill(self.src, N, scale, offset)
@@ -96,13 +114,25 @@ impl Rig {
             .launch(&self.k, &self.a)?;
         let a_end = timing_event(&self.a)?;
 
+        let named = tbc::stream_of(consumer);
         let start = Instant::now();
-        if handoff {
-            let handed = tbc::handoff(&self.tensor, tbc::stream_of(consumer))?;
-            assert_eq!(
-                handed.ready().producer_stream(),
-                Some(tbc::stream_of(consumer))
-            );
+        match how {
+            HandOff::Raw => {
+                // SAFETY: `consumer` is a cudarc stream of device 0's primary context (or one of
+                // its default streams), alive for the whole race, after `handed` is dropped at
+                // the end of this block; a per-thread `consumer` is this thread's, and
+                // `handed` never leaves it.
+                let handed = unsafe { tbc::handoff(&self.tensor, named) }?;
+                assert_eq!(handed.ready().producer_stream(), Some(named));
+            }
+            HandOff::Cudarc => {
+                let handed = tbc::handoff_to(&self.tensor, consumer)?;
+                assert!(matches!(handed.ready(), Ready::Signal(_)));
+                // The signal names the consumer, except the per-thread default stream.
+                let want = (named != Stream::PerThreadDefault).then_some(named);
+                assert_eq!(handed.ready().producer_stream(), want);
+            }
+            HandOff::Skip => {}
         }
         let host = start.elapsed();
         let producer_running = !a_end.is_complete();
@@ -178,8 +208,10 @@ impl Outcome {
 fn handoff_orders_the_consumer_stream_without_blocking_the_host() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
-    rig.race(&rig.b, true)?
+    rig.race(&rig.b, HandOff::Raw)?
         .assert_ordered_without_blocking("hand-off to stream B (raw handle)");
+    rig.race(&rig.b, HandOff::Cudarc)?
+        .assert_ordered_without_blocking("hand-off to stream B (cudarc stream, handoff_to)");
     Ok(())
 }
 
@@ -187,7 +219,7 @@ fn handoff_orders_the_consumer_stream_without_blocking_the_host() -> Result<()> 
 fn without_handoff_the_same_program_races() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
-    let control = rig.race(&rig.b, false)?;
+    let control = rig.race(&rig.b, HandOff::Skip)?;
     control.print("no hand-off, stream B");
     assert!(
         control.wrong > 0 || control.gap_ms < 0.0,
@@ -204,12 +236,16 @@ fn handoff_to_the_default_streams() -> Result<()> {
     let per_thread = rig.ctx.per_thread_stream();
     assert_eq!(tbc::stream_of(&legacy), Stream::LegacyDefault);
     assert_eq!(tbc::stream_of(&per_thread), Stream::PerThreadDefault);
-    rig.race(&legacy, true)?
+    rig.race(&legacy, HandOff::Raw)?
         .assert_ordered_without_blocking("hand-off to the legacy default stream (0x1)");
-    rig.race(&per_thread, true)?
+    rig.race(&per_thread, HandOff::Raw)?
         .assert_ordered_without_blocking("hand-off to the per-thread default stream (0x2)");
+    rig.race(&legacy, HandOff::Cudarc)?
+        .assert_ordered_without_blocking("handoff_to the legacy default stream");
+    rig.race(&per_thread, HandOff::Cudarc)?
+        .assert_ordered_without_blocking("handoff_to the per-thread default stream");
     // A non-blocking producer does not synchronise with the legacy stream by itself.
-    let control = rig.race(&legacy, false)?;
+    let control = rig.race(&legacy, HandOff::Skip)?;
     control.print("no hand-off, legacy default stream");
     assert!(
         control.wrong > 0 || control.gap_ms < 0.0,
@@ -287,7 +323,7 @@ fn a_recorded_signal_does_not_wait_for_later_producer_work() -> Result<()> {
     let a_later = timing_event(&rig.a)?;
 
     let start = Instant::now();
-    tbc::make_ready_on(&signalled, tbc::stream_of(&rig.b))?;
+    tbc::make_ready_on_stream(&signalled, &rig.b)?;
     let host = start.elapsed();
     Affine::copy(rig.src, dptr(&rig.dst), N).launch(&rig.k, &rig.b)?;
     let c_end = timing_event(&rig.b)?;
@@ -341,6 +377,8 @@ fn handoff_cost_per_call() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
     let consumer = tbc::stream_of(&rig.b);
+    // For every raw `handoff` below: `consumer` is `rig.b`, a stream of device 0's primary
+    // context that the rig keeps alive, and each result is dropped at once.
     const CALLS: u32 = 20_000;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         for _ in 0..1000 {
@@ -353,13 +391,20 @@ fn handoff_cost_per_call() -> Result<()> {
         Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(CALLS))
     };
     let stream_ready = time(&|| {
-        tbc::handoff(&rig.tensor, consumer)
+        // SAFETY: `consumer` is live, and the result dropped at once (see above).
+        unsafe { tbc::handoff(&rig.tensor, consumer) }
             .map(drop)
             .map_err(Into::into)
     })?;
     let signalled = tbc::record_ready(&rig.tensor)?;
     let signal_ready = time(&|| {
-        tbc::handoff(&signalled, consumer)
+        // SAFETY: `consumer` is live, and the result dropped at once (see above).
+        unsafe { tbc::handoff(&signalled, consumer) }
+            .map(drop)
+            .map_err(Into::into)
+    })?;
+    let cudarc_ready = time(&|| {
+        tbc::handoff_to(&rig.tensor, &rig.b)
             .map(drop)
             .map_err(Into::into)
     })?;
@@ -374,8 +419,12 @@ fn handoff_cost_per_call() -> Result<()> {
     println!(
         "hand-off cost (host, mean of {CALLS}): Ready::Stream {stream_ready:.2} us \
          (event record + cuStreamWaitEvent), Ready::Signal {signal_ready:.2} us \
-         (cuStreamWaitEvent), record_ready {record:.2} us, view + drop {view:.2} us"
+         (cuStreamWaitEvent), handoff_to {cudarc_ready:.2} us (event record + \
+         cuStreamWaitEvent + event record), record_ready {record:.2} us, view + drop \
+         {view:.2} us"
     );
-    assert!(stream_ready < 1000.0 && signal_ready < 1000.0 && view < 1000.0);
+    assert!(
+        stream_ready < 1000.0 && signal_ready < 1000.0 && cudarc_ready < 1000.0 && view < 1000.0
+    );
     Ok(())
 }

@@ -135,7 +135,13 @@ fn owned_tensor_roundtrips_to_the_same_slice() -> Result<()> {
         }?;
     }
     // The consumer wrote: the data is ready on its stream now.
-    let t = t.with_ready(Ready::Stream(tbc::stream_of(&consumer)));
+    // SAFETY:
+    // - 1: the only write since the upload, `scale_in_place`, was enqueued on `consumer`,
+    //   after the view made it wait for the producer;
+    // - 2: `consumer`, a stream of device 0's primary context, lives to the end of the test,
+    //   after `t` and its clones;
+    // - 3: not the per-thread default stream.
+    let t = unsafe { t.with_ready(Ready::Stream(tbc::stream_of(&consumer))) };
 
     // A wrong element type or a second holder gets the tensor back.
     let t = tbc::try_into_slice::<i32>(t).expect_err("the owner holds f32");
@@ -185,8 +191,13 @@ fn foreign_tensors_drive_launches_and_outlive_their_kernels() -> Result<()> {
         Access::ReadOnly,
     )?;
     // SAFETY: the owner holds the slice, which keeps the N floats allocated on cuda:0.
-    let t = unsafe { Tensor::from_descriptor(desc, counter.owner_with(data)) }
-        .with_ready(Ready::Stream(tbc::stream_of(&producer)));
+    let t = unsafe { Tensor::from_descriptor(desc, counter.owner_with(data)) };
+    // SAFETY:
+    // - 1: the upload on `producer` is the only write (and has even finished);
+    // - 2: `producer`, a stream of device 0's primary context, lives to the end of the test,
+    //   after `t` (dropped below);
+    // - 3: not the per-thread default stream.
+    let t = unsafe { t.with_ready(Ready::Stream(tbc::stream_of(&producer))) };
     // SAFETY: refused before any view exists (the tensor is read-only).
     let refused = unsafe { tbc::view_mut::<f32>(&t, &consumer) };
     assert!(matches!(

@@ -11,6 +11,9 @@ use tensorbridge_cudarc::{self as tbc, Error};
 
 /// A pinned-host tensor over real host memory (so the owner's promise holds: every byte is
 /// readable and writable) with a producer stream, so that hand-off must reach the driver.
+///
+/// The producer is the legacy default stream, not a made-up handle: attaching a readiness
+/// vouches that its streams are live, and no handle is live on a machine without a driver.
 fn host_tensor_with_stream() -> Tensor {
     let data: Arc<Vec<f32>> = Arc::new((0..16).map(|i| i as f32 + 0.5).collect());
     let desc = Descriptor::new(
@@ -22,10 +25,29 @@ fn host_tensor_with_stream() -> Tensor {
         Access::ReadOnly,
     )
     .unwrap();
-    let producer = Stream::Handle(StreamHandle::new(0x7f00_dead_b000).unwrap());
     // SAFETY: the span is the vector's 16 elements, kept alive by the owner (the `Arc`) and
     // never written (read-only, and no one else holds the vector).
-    unsafe { Tensor::from_descriptor(desc, data) }.with_ready(Ready::Stream(producer))
+    let t = unsafe { Tensor::from_descriptor(desc, data) };
+    // SAFETY:
+    // - 1: nothing is pending on the data, so it is ready after any point of any stream;
+    // - 2: the legacy default stream is no handle, and always a live stream;
+    // - 3: not the per-thread default stream.
+    unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) }
+}
+
+#[test]
+fn made_up_handles_are_safe_to_make() {
+    // A handle is only a number until something trusts it: making one, and a readiness that
+    // names it, needs no `unsafe`. Attaching it (`Tensor::with_ready`) or handing it to the
+    // driver (`tbc::handoff`, `tbc::make_ready_on`...) does.
+    let made_up = Stream::Handle(StreamHandle::new(0x7f00_dead_b000).unwrap());
+    let ready = Ready::Stream(made_up);
+    assert_eq!(ready.producer_stream(), Some(made_up));
+    assert_eq!(
+        tbc::stream_from_raw(tbc::raw_stream(made_up)),
+        made_up,
+        "converting is not trusting"
+    );
 }
 
 #[test]
@@ -36,17 +58,17 @@ fn driver_calls_report_no_driver() {
     }
     let t = host_tensor_with_stream();
     let consumer = Stream::PerThreadDefault;
-    assert!(matches!(
-        tbc::make_ready_on(&t, consumer),
-        Err(Error::NoDriver)
-    ));
-    assert!(matches!(tbc::handoff(&t, consumer), Err(Error::NoDriver)));
+    // SAFETY: the calling thread's per-thread default stream is always a live stream.
+    let ordered = unsafe { tbc::make_ready_on(&t, consumer) };
+    assert!(matches!(ordered, Err(Error::NoDriver)));
+    // SAFETY: as above; the result (an error here) never leaves this thread.
+    let handed = unsafe { tbc::handoff(&t, consumer) };
+    assert!(matches!(handed, Err(Error::NoDriver)));
     assert!(matches!(tbc::record_ready(&t), Err(Error::NoDriver)));
     assert!(matches!(tbc::synchronize(&t), Err(Error::NoDriver)));
-    assert!(matches!(
-        tbc::CudaSignal::record(0, Stream::LegacyDefault),
-        Err(Error::NoDriver)
-    ));
+    // SAFETY: the legacy default stream is always a live stream.
+    let recorded = unsafe { tbc::CudaSignal::record(0, Stream::LegacyDefault) };
+    assert!(matches!(recorded, Err(Error::NoDriver)));
     assert!(matches!(tbc::primary_context(0), Err(Error::NoDriver)));
     assert!(matches!(
         tbc::inspect(0x1234_5678_9012_3450),
@@ -65,9 +87,13 @@ fn driver_calls_report_no_driver() {
 
 #[test]
 fn ready_tensors_need_no_driver() {
-    let t = host_tensor_with_stream().with_ready(Ready::Now);
-    tbc::make_ready_on(&t, Stream::LegacyDefault).unwrap();
-    let handed = tbc::handoff(&t, Stream::PerThreadDefault).unwrap();
+    // SAFETY: 1: nothing is pending on the host data; 2 and 3: `Ready::Now` names no stream.
+    let t = unsafe { host_tensor_with_stream().with_ready(Ready::Now) };
+    // SAFETY: the legacy default stream is always a live stream.
+    unsafe { tbc::make_ready_on(&t, Stream::LegacyDefault) }.unwrap();
+    // SAFETY: this thread's per-thread default stream is live, and the result (ready now,
+    // naming no stream) stays on this thread anyway.
+    let handed = unsafe { tbc::handoff(&t, Stream::PerThreadDefault) }.unwrap();
     assert!(handed.ready().is_now());
     assert_eq!(handed.data_ptr(), t.data_ptr());
     assert!(tbc::record_ready(&t).unwrap().ready().is_now());
@@ -78,17 +104,22 @@ fn ready_tensors_need_no_driver() {
 fn same_stream_handoff_needs_no_driver() {
     let t = host_tensor_with_stream();
     let producer = t.ready().producer_stream().unwrap();
-    let handed = tbc::handoff(&t, producer).unwrap();
+    // SAFETY: the producer is the legacy default stream, always live (and not per-thread).
+    let handed = unsafe { tbc::handoff(&t, producer) }.unwrap();
     assert_eq!(handed.ready().producer_stream(), Some(producer));
 }
 
 #[test]
 fn host_tensors_have_no_producer_device() {
-    let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2])
-        .unwrap()
-        .with_ready(Ready::Stream(Stream::LegacyDefault));
+    let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    // SAFETY: 1: nothing is pending on the host data, so any later point is ready; 2: the
+    // legacy default stream is no handle; 3: not the per-thread default stream.
+    let t = unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) };
+    // SAFETY: this thread's per-thread default stream is live; the result (an error) stays
+    // on this thread.
+    let handed = unsafe { tbc::handoff(&t, Stream::PerThreadDefault) };
     assert!(matches!(
-        tbc::handoff(&t, Stream::PerThreadDefault),
+        handed,
         Err(Error::NotCudaMemory { device }) if device == Device::CPU
     ));
 }

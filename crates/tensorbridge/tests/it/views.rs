@@ -95,7 +95,12 @@ fn view_refusals_are_typed() {
     // SAFETY: no other view exists; the call is refused before any access anyway.
     let refused = unsafe { ro.host_view_mut::<f32>() };
     assert_eq!(refused.err(), Some(Error::ReadOnly));
-    let pending = t.clone().with_ready(Ready::Stream(Stream::LegacyDefault));
+    // SAFETY:
+    // - 1: host memory with nothing pending is ready after any point of any stream, so
+    //   "ready once the legacy default stream's work so far has finished" is true;
+    // - 2: it names no stream handle, only the legacy default stream;
+    // - 3: it does not name the per-thread default stream.
+    let pending = unsafe { t.clone().with_ready(Ready::Stream(Stream::LegacyDefault)) };
     assert_eq!(pending.host_view::<f32>().err(), Some(Error::NotReady));
 
     let shape = [2i64];
