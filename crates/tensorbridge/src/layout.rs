@@ -359,15 +359,16 @@ impl Facts {
                 Some(v) => numel = v,
                 None => overflowed = overflowed.or(Some("number of elements")),
             }
-            // |s| <= 2^55 and lo, hi stay within +-2^55, so only the product can overflow.
+            // Saturating: a saturated sum is past the bound and flagged just below, so it
+            // never wraps into range.
             match (n - 1).checked_mul(s) {
-                Some(ext) if ext < 0 => lo += ext,
-                Some(ext) => hi += ext,
+                Some(ext) if ext < 0 => lo = lo.saturating_add(ext),
+                Some(ext) => hi = hi.saturating_add(ext),
                 None => overflowed = overflowed.or(Some("element offset reach")),
             }
             if lo < -MAX_ELEM_REACH || hi > MAX_ELEM_REACH {
                 overflowed = overflowed.or(Some("element offset reach"));
-                // Keep the accumulators bounded so the additions above cannot overflow.
+                // Clamp: the overflow is recorded; later sums start from the bound again.
                 lo = lo.max(-MAX_ELEM_REACH);
                 hi = hi.min(MAX_ELEM_REACH);
             }
@@ -534,6 +535,28 @@ mod tests {
         assert!(matches!(
             Layout::new(&[2, -1], None, 0),
             Err(Error::NegativeSize { dim: 1, size: -1 })
+        ));
+    }
+
+    /// Found by `overflow_is_rejected_never_wrapped`: the reach of the second dimension alone
+    /// fits in i64, but adding it to the first one's did not (a panic in debug builds).
+    #[test]
+    fn reach_sums_are_checked_too() {
+        assert_eq!(
+            Layout::new(&[1 << 31, i64::MAX], Some(&[1, 1]), 0),
+            Err(Error::Overflow {
+                what: "number of elements"
+            })
+        );
+        assert!(matches!(
+            Layout::new(
+                &[2, 2, 2],
+                Some(&[-(1 << 54) - 1, -(1 << 54), -(1 << 54)]),
+                0
+            ),
+            Err(Error::Overflow {
+                what: "element offset reach"
+            })
         ));
     }
 
