@@ -37,6 +37,11 @@ const PATHS: &[Path] = &[
         consumer: "DLPack 1.3 -> tensorbridge::Tensor",
         run: tensor_through_dlpack,
     },
+    Path {
+        producer: "tensorbridge::Tensor",
+        consumer: "__array_interface__ v3 -> tensorbridge::Tensor",
+        run: tensor_through_array_interface,
+    },
 ];
 
 /// What one path did.
@@ -170,6 +175,48 @@ fn tensor_through_dlpack() -> Result<Outcome> {
         write_visible,
         per_conversion,
     }))
+}
+
+/// A tensor described as NumPy's `__array_interface__` (what the Python layer turns into a
+/// dict) and read back; the interface carries no owner, so the buffer's owner is passed on.
+fn tensor_through_array_interface() -> Result<Outcome> {
+    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
+    let tensor = describe(&buffer)?;
+    let through = array_interface_roundtrip(&tensor)?;
+    drop(tensor);
+    let same_pointer = through.data_ptr() == buffer.addr();
+    let write_visible = {
+        let before = {
+            // SAFETY: obligation 1: the only view of the buffer while it lives (one thread,
+            // the producer's tensor dropped above, the buffer read only after this block).
+            let mut view = unsafe { through.host_view_mut::<f32>() }?;
+            let before = view.get(&[1, 2])?;
+            view.set(&[1, 2], -before)?;
+            before
+        };
+        buffer.read(5) == -before
+    };
+    drop(through);
+    let tensor = describe(&buffer)?;
+    let per_conversion = median_time(|| array_interface_roundtrip(black_box(&tensor)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// The conversion being timed: export the interface, validate it, attach the owner.
+fn array_interface_roundtrip(tensor: &Tensor) -> Result<Tensor> {
+    let interface = tensorbridge_cai::ArrayInterface::from_tensor(tensor)?;
+    let validated = interface.validate(&tensorbridge_cai::ImportOptions::new())?;
+    // SAFETY:
+    // 1, 2: the interface describes `tensor`'s own memory, which the owner passed on keeps
+    //    alive and writable, and `tensor`'s contract (see `describe`) already excludes
+    //    racing readers and writers;
+    // 3, 4: the array interface carries no stream: the readiness is `Now`, and nothing is
+    //    pending on host memory.
+    Ok(unsafe { validated.into_tensor(tensor.owner().clone()) })
 }
 
 /// The conversion being timed: export to DLPack 1.3, hand the raw struct over, import it.
