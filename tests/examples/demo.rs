@@ -125,18 +125,7 @@ fn host_buffer_to_tensor() -> Result<Outcome> {
     let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
     let tensor = describe(&buffer)?;
     let same_pointer = tensor.data_ptr() == buffer.addr();
-    let write_visible = {
-        let before = {
-            // SAFETY: obligation 1: the view is the only reader or writer of the buffer while
-            // it lives; it is dropped at the end of this block, before the buffer is read
-            // below, and the demo has one thread.
-            let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
-            let before = view.get(&[1, 2])?;
-            view.set(&[1, 2], -before)?;
-            before
-        };
-        buffer.read(5) == -before
-    };
+    let write_visible = write_is_visible(&tensor, &buffer)?;
     drop(tensor);
 
     let per_conversion = median_time(|| describe(black_box(&buffer)).map(drop))?;
@@ -150,26 +139,29 @@ fn host_buffer_to_tensor() -> Result<Outcome> {
 /// A tensor exported as a versioned DLPack managed tensor and imported back: what any DLPack
 /// consumer receives, and the deleter chain that keeps the buffer alive.
 fn tensor_through_dlpack() -> Result<Outcome> {
+    through_consumer(dlpack_roundtrip)
+}
+
+/// A tensor described as NumPy's `__array_interface__` (what the Python layer turns into a
+/// dict) and read back; the interface carries no owner, so the buffer's owner is passed on.
+fn tensor_through_array_interface() -> Result<Outcome> {
+    through_consumer(array_interface_roundtrip)
+}
+
+/// Hands a tensor over a buffer to a consumer (`convert`) and checks zero-copy: the
+/// consumer's pointer is the buffer's, and a write through the consumer, made after the
+/// producer's tensor is dropped (only the consumer's chain keeps the buffer alive then), is
+/// visible in the buffer. Then times `convert`.
+fn through_consumer(convert: fn(&Tensor) -> Result<Tensor>) -> Result<Outcome> {
     let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
     let tensor = describe(&buffer)?;
-    let through = dlpack_roundtrip(&tensor)?;
+    let through = convert(&tensor)?;
     drop(tensor);
-    // The producer's tensor is gone: only the DLPack chain keeps the buffer alive now.
     let same_pointer = through.data_ptr() == buffer.addr();
-    let write_visible = {
-        let before = {
-            // SAFETY: obligation 1: the only view of the buffer while it lives (one thread,
-            // the producer's tensor dropped above, the buffer read only after this block).
-            let mut view = unsafe { through.host_view_mut::<f32>() }?;
-            let before = view.get(&[1, 2])?;
-            view.set(&[1, 2], -before)?;
-            before
-        };
-        buffer.read(5) == -before
-    };
+    let write_visible = write_is_visible(&through, &buffer)?;
     drop(through);
     let tensor = describe(&buffer)?;
-    let per_conversion = median_time(|| dlpack_roundtrip(black_box(&tensor)).map(drop))?;
+    let per_conversion = median_time(|| convert(black_box(&tensor)).map(drop))?;
     Ok(Outcome::Measured(Measured {
         same_pointer,
         write_visible,
@@ -177,33 +169,19 @@ fn tensor_through_dlpack() -> Result<Outcome> {
     }))
 }
 
-/// A tensor described as NumPy's `__array_interface__` (what the Python layer turns into a
-/// dict) and read back; the interface carries no owner, so the buffer's owner is passed on.
-fn tensor_through_array_interface() -> Result<Outcome> {
-    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
-    let tensor = describe(&buffer)?;
-    let through = array_interface_roundtrip(&tensor)?;
-    drop(tensor);
-    let same_pointer = through.data_ptr() == buffer.addr();
-    let write_visible = {
-        let before = {
-            // SAFETY: obligation 1: the only view of the buffer while it lives (one thread,
-            // the producer's tensor dropped above, the buffer read only after this block).
-            let mut view = unsafe { through.host_view_mut::<f32>() }?;
-            let before = view.get(&[1, 2])?;
-            view.set(&[1, 2], -before)?;
-            before
-        };
-        buffer.read(5) == -before
+/// Negates element [1, 2] through a writable view of `tensor` and reports whether the
+/// buffer's own element 5 (the same bytes in C order) changed accordingly.
+fn write_is_visible(tensor: &Tensor, buffer: &HostBuffer) -> Result<bool> {
+    let before = {
+        // SAFETY: obligation 1: the view is the only reader or writer of the buffer while it
+        // lives: the demo has one thread, callers hold no other view, and the buffer is read
+        // only after this block drops the view.
+        let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
+        let before = view.get(&[1, 2])?;
+        view.set(&[1, 2], -before)?;
+        before
     };
-    drop(through);
-    let tensor = describe(&buffer)?;
-    let per_conversion = median_time(|| array_interface_roundtrip(black_box(&tensor)).map(drop))?;
-    Ok(Outcome::Measured(Measured {
-        same_pointer,
-        write_visible,
-        per_conversion,
-    }))
+    Ok(buffer.read(5) == -before)
 }
 
 /// The conversion being timed: export the interface, validate it, attach the owner.
