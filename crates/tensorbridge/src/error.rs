@@ -235,7 +235,8 @@ pub enum Error {
     },
     /// A stream integer that the convention does not allow.
     #[error(
-        "stream {value} is not valid for {convention} (expected None, -1 for no sync, 1, 2 or a stream handle; 0 is ambiguous)"
+        "stream {value} is not valid for {convention} (expected {})",
+        convention.valid_values()
     )]
     InvalidStream {
         /// The integer found.
@@ -244,7 +245,11 @@ pub enum Error {
         convention: StreamConvention,
     },
     /// A stream that a convention has no integer for.
-    #[error("stream {stream:?} has no value in {convention}")]
+    #[error(
+        "{convention} has no value for the {} (expected one of: {})",
+        stream.describe(),
+        convention.valid_values()
+    )]
     StreamNotRepresentable {
         /// The stream.
         stream: Stream,

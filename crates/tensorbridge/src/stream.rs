@@ -81,6 +81,15 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// The stream in words, for messages: "legacy default stream", "stream 0x7f...".
+    pub fn describe(self) -> String {
+        match self {
+            Stream::LegacyDefault => "legacy default stream".to_owned(),
+            Stream::PerThreadDefault => "per-thread default stream".to_owned(),
+            Stream::Handle(h) => format!("stream {:#x}", h.get()),
+        }
+    }
+
     /// The value to hand to the CUDA runtime or driver API: `0x1`, `0x2` or the handle.
     ///
     /// ROCm callers use 0 for [`Stream::LegacyDefault`] instead.
@@ -121,6 +130,24 @@ impl StreamConvention {
         match device {
             DeviceType::Rocm | DeviceType::RocmHost => StreamConvention::DlpackRocm,
             _ => StreamConvention::DlpackCuda,
+        }
+    }
+}
+
+impl StreamConvention {
+    /// The values this convention allows, for error messages (the table of
+    /// [`stream_from_wire`] in words).
+    pub fn valid_values(self) -> &'static str {
+        match self {
+            StreamConvention::DlpackCuda => {
+                "None, -1 for no sync, 1 (legacy default), 2 (per-thread default) or a stream handle; 0 is ambiguous"
+            }
+            StreamConvention::DlpackRocm => {
+                "None, -1 for no sync, 0 (default stream) or a stream handle; 1 and 2 are CUDA's"
+            }
+            StreamConvention::CudaArrayInterface => {
+                "None, 1 (legacy default), 2 (per-thread default) or a stream handle; 0 is disallowed"
+            }
         }
     }
 }
@@ -379,6 +406,24 @@ mod tests {
         }
         assert!(
             stream_to_wire(DlpackRocm, StreamRequest::Stream(Stream::PerThreadDefault)).is_err()
+        );
+    }
+
+    #[test]
+    fn messages_name_the_values_each_convention_allows() {
+        let msg = |conv, v| stream_from_wire(conv, Some(v)).unwrap_err().to_string();
+        assert_eq!(
+            msg(CudaArrayInterface, -1),
+            "stream -1 is not valid for CUDA Array Interface v3 (expected None, 1 (legacy default), 2 (per-thread default) or a stream handle; 0 is disallowed)"
+        );
+        assert!(msg(DlpackRocm, 1).contains("0 (default stream)"));
+        assert!(msg(DlpackCuda, 0).contains("0 is ambiguous"));
+        let e = stream_to_wire(DlpackRocm, StreamRequest::Stream(Stream::PerThreadDefault))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "DLPack (ROCm) has no value for the per-thread default stream (expected one of: None, -1 for no sync, 0 (default stream) or a stream handle; 1 and 2 are CUDA's)"
         );
     }
 

@@ -408,8 +408,8 @@ fn handles_the_cai_cannot_carry() {
     assert_eq!(
         msg,
         format!(
-            "stream {:?} has no value in CUDA Array Interface v3",
-            Stream::Handle(h)
+            "CUDA Array Interface v3 has no value for the stream {:#x} (expected one of: None, 1 (legacy default), 2 (per-thread default) or a stream handle; 0 is disallowed)",
+            h.get()
         )
     );
 }
