@@ -48,13 +48,9 @@ impl Layout {
     /// lie within `±(i64::MAX >> 8)`.
     #[inline]
     pub fn new(shape: &[i64], strides: Option<&[i64]>, byte_offset: u64) -> Result<Layout, Error> {
-        match strides {
-            Some(s) => Layout::from_slices(shape, s, byte_offset),
-            None => {
-                check_extents(shape)?;
-                Layout::from_slices(shape, &row_major_strides(shape)?, byte_offset)
-            }
-        }
+        let mut storage = Dims::new();
+        let strides = strides_or_row_major(shape, strides, &mut storage)?;
+        Layout::from_slices(shape, strides, byte_offset)
     }
 
     /// The compact row-major (C order) layout of `shape`, byte offset 0.
@@ -389,9 +385,27 @@ impl Facts {
     }
 }
 
+/// `strides`, or, when absent (DLPack's NULL, CAI's None), the compact row-major strides of
+/// `shape` computed into `storage`.
+#[inline]
+pub(crate) fn strides_or_row_major<'a>(
+    shape: &[i64],
+    strides: Option<&'a [i64]>,
+    storage: &'a mut Dims,
+) -> Result<&'a [i64], Error> {
+    match strides {
+        Some(s) => Ok(s),
+        None => {
+            check_extents(shape)?;
+            *storage = row_major_strides(shape)?;
+            Ok(&storage[..])
+        }
+    }
+}
+
 /// Computes compact row-major strides; extents must already be non-negative.
 #[inline]
-pub(crate) fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
+fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
     let mut strides: Dims = SmallVec::from_elem(0, shape.len());
     let mut acc: i64 = 1;
     for d in (0..shape.len()).rev() {
@@ -404,7 +418,7 @@ pub(crate) fn row_major_strides(shape: &[i64]) -> Result<Dims, Error> {
 }
 
 #[inline]
-pub(crate) fn check_extents(shape: &[i64]) -> Result<(), Error> {
+fn check_extents(shape: &[i64]) -> Result<(), Error> {
     match shape.iter().position(|&n| n < 0) {
         Some(dim) => Err(Error::NegativeSize {
             dim,

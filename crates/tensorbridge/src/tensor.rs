@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use crate::Stream;
-use crate::layout::{Facts, check_extents, row_major_strides};
+use crate::layout::{Dims, Facts, strides_or_row_major};
 use crate::view::{Element, HostView, HostViewMut};
 use crate::{DType, Device, Error, Layout, Packing, Ready};
 
@@ -91,15 +91,8 @@ impl<'a> RawTensor<'a> {
         let device = Device::from_dlpack(self.device_type, self.device_id)?;
         let dtype = DType::from_dlpack(self.dtype_code, self.dtype_bits, self.dtype_lanes)?;
         // Checks run on the borrowed slices; the dimensions are copied once, into the result.
-        let row_major;
-        let strides = match self.strides {
-            Some(s) => s,
-            None => {
-                check_extents(self.shape)?;
-                row_major = row_major_strides(self.shape)?;
-                &row_major[..]
-            }
-        };
+        let mut storage = Dims::new();
+        let strides = strides_or_row_major(self.shape, self.strides, &mut storage)?;
         let facts = Facts::check(self.shape, strides)?;
         let memory = Memory::check(
             self.data,
