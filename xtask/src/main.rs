@@ -9,6 +9,7 @@ mod bench;
 mod ci;
 mod demo;
 mod test_gpu;
+mod venv;
 
 use std::env;
 use std::fmt::Write as _;
@@ -36,6 +37,10 @@ tasks:
   demo [-- ARGS...]
       Run the main job in release: hand a buffer through every path tensorbridge knows
       and print a table of what was shared zero-copy.
+  venv
+      Create .venv (or $TENSORBRIDGE_VENV) with the pins of python/requirements.txt
+      (torch, NumPy, JAX, TensorFlow, maturin, pytest) and print its path. The tasks
+      that need Python or libtorch do this themselves.
   help
       This text.
 ";
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         "test-gpu" => test_gpu::run(rest),
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
+        "venv" => venv_task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;
@@ -67,6 +73,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn venv_task(args: &[String]) -> Result<()> {
+    if let Some(arg) = args.first() {
+        bail!("unknown option `{arg}` for `venv` (it takes none)");
+    }
+    let mut steps = Steps::new("venv");
+    let result = venv::ensure(&mut steps).map(|v| println!("{}", v.dir().display()));
+    steps.finish(result)
 }
 
 /// The workspace root: this package lives in `<root>/xtask`.
