@@ -8,7 +8,11 @@
 use std::mem::{offset_of, size_of};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use tensorbridge::Owner;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+
+use dlpark::ManagedTensorBase;
+use tensorbridge::{Packing, Tensor};
 
 pub use dlpark::DlpackFlags;
 pub use dlpark::ffi::{
@@ -16,55 +20,25 @@ pub use dlpark::ffi::{
     DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLPackVersion, DLTensor,
 };
 
-/// Storage for an export's `shape` then `strides`: inline up to 8 dimensions (no second
-/// allocation), on the heap beyond.
-pub(crate) enum ExportDims {
-    /// `ndim <= 8`: the first `2 * ndim` values are used.
-    Inline([i64; 16]),
-    /// `ndim > 8`: exactly `2 * ndim` values.
-    Heap(Box<[i64]>),
-}
-
-impl ExportDims {
-    pub(crate) fn new(shape: &[i64], strides: &[i64]) -> ExportDims {
-        let n = shape.len();
-        if n <= 8 {
-            let mut a = [0i64; 16];
-            a[..n].copy_from_slice(shape);
-            a[n..2 * n].copy_from_slice(strides);
-            ExportDims::Inline(a)
-        } else {
-            ExportDims::Heap(shape.iter().chain(strides).copied().collect())
-        }
-    }
-
-    /// The first value; `ndim` values of shape, then `ndim` of strides, follow.
-    pub(crate) fn as_ptr(&self) -> *const i64 {
-        match self {
-            ExportDims::Inline(a) => a.as_ptr(),
-            ExportDims::Heap(b) => b.as_ptr(),
-        }
-    }
-}
-
 /// What an exported managed tensor points into: the managed struct itself, first, then a
-/// clone of the exported tensor's owner, which keeps the data alive, and the storage of the
-/// struct's `shape` and `strides`. One allocation per export (two above 8 dimensions), freed
-/// by [`delete_export`].
+/// clone of the exported tensor (byte offset folded where the device has addresses), whose
+/// owner keeps the data alive and whose layout stores the struct's `shape` and `strides`.
+/// One allocation per export, freed by [`delete_export`].
 ///
-/// The owner and the dimensions are all an export needs of the tensor; cloning the whole
-/// `Tensor` (its validated descriptor and readiness) would copy three times as many bytes.
+/// Keeping the whole validated tensor (rather than only its owner) costs a copy of its
+/// descriptor per export, and buys two things: the dimensions need no storage of their own
+/// (up to 8 live inline in the tensor's layout, inside the box), and importing our own export
+/// hands the tensor back without validating it again ([`take_own_export`]), with the
+/// readiness it left with.
 #[repr(C)]
 pub(crate) struct ExportCtx<M> {
     /// First, so that the pointer handed to consumers is also the pointer to the context
     /// (asserted below; [`delete_export`] relies on it).
     pub(crate) managed: M,
-    /// Keeps the exported tensor's memory alive until the deleter runs.
-    pub(crate) owner: Owner,
-    /// `ndim` extents, then `ndim` strides in elements. Never mutated or moved (the box does
-    /// not move) while the context lives, so the struct's pointers into it stay valid until
-    /// the deleter runs.
-    pub(crate) dims: ExportDims,
+    /// The exported tensor. Never mutated or moved (the box does not move) while the context
+    /// lives, so the struct's pointers into its shape and strides stay valid until the
+    /// deleter runs.
+    pub(crate) tensor: Tensor,
 }
 
 /// The deleter of every managed tensor we export: frees the context, which drops the owner
@@ -89,6 +63,143 @@ pub(crate) unsafe extern "C" fn delete_export<M>(managed: *mut M) {
     let boxed = unsafe { Box::from_raw(ctx) };
     if catch_unwind(AssertUnwindSafe(move || drop(boxed))).is_err() {
         std::process::abort();
+    }
+}
+
+/// The two managed structs we export, each with the mark its exports carry.
+///
+/// An export is recognised by its `manager_ctx` (the producer's own field, which consumers
+/// leave alone): it holds the address of a private static of this crate, one per struct
+/// kind. Statics have one address each; functions do not (a generic or inlinable function
+/// can be copied per codegen unit, so comparing with the deleter's address could miss, and
+/// under Miri it always did).
+pub(crate) trait Exportable: ManagedTensorBase + Sized {
+    /// The `manager_ctx` of every export of this struct kind.
+    fn mark() -> *mut c_void;
+}
+
+/// [`Exportable::mark`] of versioned exports. Never read or written: only its address
+/// counts (a `u8`, since zero-sized statics need not have their own address).
+static VERSIONED_MARK: u8 = 1;
+/// [`Exportable::mark`] of legacy exports.
+static LEGACY_MARK: u8 = 0;
+
+impl Exportable for DLManagedTensorVersioned {
+    fn mark() -> *mut c_void {
+        (&raw const VERSIONED_MARK).cast_mut().cast()
+    }
+}
+
+impl Exportable for DLManagedTensor {
+    fn mark() -> *mut c_void {
+        (&raw const LEGACY_MARK).cast_mut().cast()
+    }
+}
+
+/// The flags an export of `tensor` carries (the versioned struct only; the legacy struct
+/// has none): read-only and padding as its descriptor says, never `IS_COPIED`.
+pub(crate) fn export_flags(tensor: &Tensor) -> DlpackFlags {
+    let mut flags = DlpackFlags::empty();
+    if tensor.is_readonly() {
+        flags |= DlpackFlags::READ_ONLY;
+    }
+    if tensor.packing() == Packing::Padded {
+        // `Descriptor` keeps `Padded` only for sub-byte dtypes.
+        flags |= DlpackFlags::IS_SUBBYTE_TYPE_PADDED;
+    }
+    flags
+}
+
+/// Takes back one of our own exports, when `managed` is one and still says what the export
+/// wrote: returns it as an [`OwnExport`], whose `into_tensor` frees its context (instead of
+/// the deleter: the one release) and gives the exported tensor back, owner and readiness
+/// included, with no second validation.
+/// Returns `None`, having changed nothing, for any other managed tensor (the caller then imports it the
+/// general way). `wanted` may refuse the kept tensor too (the legacy import cannot hand
+/// out a read-only tensor as writable without a new validation).
+///
+/// The mark in `manager_ctx` identifies the producer ([`Exportable`]): `manager_ctx` is the
+/// producer's private field, and only `export` stores this crate's private address there,
+/// together with [`delete_export`] as the deleter, on an [`ExportCtx`] at the struct's own
+/// address. A consumer that copied the struct elsewhere and passed the copy on would break
+/// DLPack (the deleter must be called with the producer's own pointer) as surely as it
+/// would break this check. Every field is then compared with the kept tensor, so a struct
+/// that someone rewrote (another data pointer, shape pointer, offset or flags) is imported
+/// the general way.
+///
+/// # Safety
+/// 1. `managed` points to a live `M` whose major version is this crate's (or which is
+///    legacy), readable as a whole, that the caller owns; obligation 1 of
+///    [`crate::import_versioned`] / [`crate::import_legacy`] holds for it.
+/// 2. On `Some`, ownership is consumed: the caller neither uses `managed` nor calls its
+///    deleter afterwards. On `None`, the caller still owns it.
+#[inline]
+pub(crate) unsafe fn take_own_export<M: Exportable>(
+    managed: NonNull<M>,
+    wanted: impl FnOnce(&Tensor) -> bool,
+) -> Option<OwnExport<M>> {
+    let ptr = managed.as_ptr();
+    // SAFETY: live and readable (obligation 1); the reference ends before the box is freed.
+    let m = unsafe { managed.as_ref() };
+    if m.manager_ctx() != M::mark() || m.deleter().is_none() {
+        return None;
+    }
+    let ctx = ptr.cast::<ExportCtx<M>>();
+    // SAFETY: `manager_ctx` holds our mark, which only `export` stores, on the managed
+    // struct of an `ExportCtx<M>` (its first field, so at this address), live until its
+    // deleter runs, which has not happened (obligation 2; see above for copies). The
+    // reference ends before the box is freed.
+    let kept: &Tensor = unsafe { &(*ctx).tensor };
+    let dl = m.tensor();
+    let flags = if m.version().is_some() {
+        export_flags(kept)
+    } else {
+        DlpackFlags::empty()
+    };
+    let unchanged = dl.data.addr() == kept.data()
+        && dl.byte_offset == kept.byte_offset()
+        && kept.device().to_dlpack().ok()
+            == Some((dl.device.device_type.0 as i32, dl.device.device_id))
+        && usize::try_from(dl.ndim).ok() == Some(kept.ndim())
+        && (dl.dtype.code.0, dl.dtype.bits, dl.dtype.lanes)
+            == (
+                kept.dtype().code().code(),
+                kept.dtype().bits(),
+                kept.dtype().lanes(),
+            )
+        && std::ptr::eq(dl.shape.cast_const(), kept.shape().as_ptr())
+        && std::ptr::eq(dl.strides.cast_const(), kept.strides_elems().as_ptr())
+        && m.flags() == flags
+        && wanted(kept);
+    if !unchanged {
+        return None;
+    }
+    // `ctx` is non-null: it is `managed`'s address.
+    NonNull::new(ctx).map(OwnExport)
+}
+
+/// One of our own exports, recognised by [`take_own_export`] and owned: it holds the
+/// context that the export's deleter would free.
+pub(crate) struct OwnExport<M>(NonNull<ExportCtx<M>>);
+
+impl<M> OwnExport<M> {
+    /// The exported tensor, moved out of the context, which is freed (the one release of
+    /// the managed tensor; its deleter is not called).
+    #[inline(always)]
+    pub(crate) fn into_tensor(self) -> Tensor {
+        let ctx = self.0.as_ptr();
+        // SAFETY: `ctx` is a live, fully initialised `ExportCtx<M>` that `export` boxed and
+        // that this value owns (`take_own_export`'s obligation 2 passed ownership here); the
+        // projection stays in bounds.
+        let slot = unsafe { &raw const (*ctx).tensor };
+        // SAFETY: initialised and owned (above); moved out once, straight into the caller's
+        // place, and never dropped in the box (below).
+        let tensor = unsafe { slot.read() };
+        // SAFETY: the box's own pointer with its provenance (`managed` is the first field,
+        // at offset 0); freed once, as `MaybeUninit` so that nothing is dropped: the tensor
+        // was moved out above, and the managed struct is plain data.
+        drop(unsafe { Box::from_raw(ctx.cast::<std::mem::MaybeUninit<ExportCtx<M>>>()) });
+        tensor
     }
 }
 
@@ -143,7 +254,6 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tensorbridge::Tensor;
 
     #[test]
     fn delete_export_frees_the_context_once_and_ignores_null() {
@@ -160,24 +270,6 @@ mod tests {
         // SAFETY: null is allowed by obligation 1.
         unsafe { delete_export::<DLManagedTensorVersioned>(std::ptr::null_mut()) };
         assert_eq!(counter.drops(), 1);
-    }
-
-    fn stored(dims: &ExportDims, ndim: usize) -> Vec<i64> {
-        // SAFETY: `ExportDims::new` stores `2 * ndim` values from `as_ptr`.
-        unsafe { std::slice::from_raw_parts(dims.as_ptr(), 2 * ndim) }.to_vec()
-    }
-
-    #[test]
-    fn export_dims_store_shape_then_strides() {
-        let inline = ExportDims::new(&[2, 3], &[3, 1]);
-        assert!(matches!(inline, ExportDims::Inline(_)));
-        assert_eq!(stored(&inline, 2), [2, 3, 3, 1]);
-        let shape: Vec<i64> = (1..=9).collect();
-        let strides: Vec<i64> = (-9..0).collect();
-        let heap = ExportDims::new(&shape, &strides);
-        assert!(matches!(heap, ExportDims::Heap(_)));
-        assert_eq!(stored(&heap, 9), [shape, strides].concat());
-        assert!(!ExportDims::new(&[], &[]).as_ptr().is_null());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::Error;
 use crate::error::ImportError;
 use crate::ffi::{
     DLManagedTensor, DLManagedTensorVersioned, DLPACK_MAJOR_VERSION, DLPackVersion, DLTensor,
-    DlpackFlags,
+    DlpackFlags, take_own_export,
 };
 
 /// A successful import: the tensor, and what the producer said about it besides its layout.
@@ -104,6 +104,15 @@ pub unsafe fn import_versioned(
             expected: DLPACK_MAJOR_VERSION,
         }));
     }
+    // SAFETY: major version 1 (checked above): a live, readable 1.x struct that we own
+    // (obligations 1 and 2); on `None` we still own it.
+    if let Some(own) = unsafe { take_own_export(managed, |_| true) } {
+        return Ok(Imported {
+            tensor: own.into_tensor(),
+            is_copied: false,
+            version: Some(version),
+        });
+    }
     let owner = ManagedOwner(managed);
     // SAFETY: major version 1: the whole struct is a live `DLManagedTensorVersioned` whose
     // fields do not change until the deleter runs (obligation 1); the reference does not
@@ -167,6 +176,23 @@ pub unsafe fn import_legacy(
     managed: NonNull<DLManagedTensor>,
     access: Access,
 ) -> Result<Imported, ImportError<DLManagedTensor>> {
+    // Our own export comes back as it left, made read-only if the caller asks; a read-only
+    // export that the caller calls writable takes the general way, as from any producer.
+    let wanted = |t: &Tensor| access == Access::ReadOnly || !t.is_readonly();
+    // SAFETY: a live, readable `DLManagedTensor` that we own (obligations 1 and 2); on
+    // `None` we still own it.
+    if let Some(own) = unsafe { take_own_export(managed, wanted) } {
+        let tensor = own.into_tensor();
+        let tensor = match access {
+            Access::ReadOnly => tensor.into_readonly(),
+            Access::ReadWrite => tensor,
+        };
+        return Ok(Imported {
+            tensor,
+            is_copied: false,
+            version: None,
+        });
+    }
     let owner = ManagedOwner(managed);
     // SAFETY: a live `DLManagedTensor` whose fields do not change until the deleter runs
     // (obligation 1); the reference ends with this function, before `owner` can release it.

@@ -7,7 +7,7 @@
 //!
 //! | direction | function | data | stream |
 //! |---|---|---|---|
-//! | import, DLPack 1.x | [`import_versioned`] | zero-copy | none in the C struct: the tensor is [`Ready::Now`](tensorbridge::Ready::Now) |
+//! | import, DLPack 1.x | [`import_versioned`] | zero-copy | none in the C struct: the tensor is [`Ready::Now`](tensorbridge::Ready::Now) (our own exports come back with the readiness they left with) |
 //! | import, legacy | [`import_legacy`] | zero-copy | the same |
 //! | export, DLPack 1.3 | [`export_versioned`] | zero-copy | none in the C struct: not ordered |
 //! | export, legacy | [`export_legacy`] | zero-copy | the same |
@@ -47,12 +47,18 @@
 //!   version: DLPack requires the consumer to call its deleter and read nothing else, which
 //!   the import does before returning, so there is nothing to give back. Either way a
 //!   refused import never leaks the tensor and never frees it twice.
-//! - **Export** boxes, in one allocation, the managed struct, a clone of the tensor's owner
-//!   (which keeps the data alive) and the storage of the struct's `shape` and `strides`. The
-//!   struct's deleter frees that box exactly once, dropping the owner clone; the returned
+//! - **Export** boxes, in one allocation, the managed struct and a clone of the tensor (its
+//!   offset folded where the device has addresses), whose owner keeps the data alive and
+//!   whose layout stores the struct's `shape` and `strides`. The struct's deleter frees that
+//!   box exactly once, dropping the clone; the returned
 //!   [`dlpark::Managed`] calls it when dropped, unless [`into_raw`](dlpark::Managed::into_raw)
 //!   handed the struct to a consumer, which then calls the deleter itself. The deleter never
 //!   unwinds into the consumer.
+//! - **Importing our own export** (recognised by a mark in `manager_ctx`, the producer's
+//!   private field, then checked field by field against the tensor kept in the box) gives
+//!   the exported tensor back itself: the same owner and readiness, no second validation,
+//!   no wrapper allocation; the box is freed then, once, instead of by the deleter. A struct
+//!   that someone changed after the export is imported the general way.
 //!
 //! # Limitations
 //! - DLPack carries no stream (see above) and no allocation bounds: importing is `unsafe`

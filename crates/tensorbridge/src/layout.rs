@@ -430,9 +430,29 @@ fn check_extents(shape: &[i64]) -> Result<(), Error> {
 
 // By hand: `SmallVec::clone` goes through an iterator; `from_slice` is a plain copy, and
 // tensors are cloned on every hand-off.
+impl Layout {
+    /// Whether both dimension vectors live inline (up to 8 dimensions): then the layout
+    /// owns no heap memory and a bitwise copy of it is an independent, equal layout.
+    #[inline]
+    pub(crate) fn is_inline(&self) -> bool {
+        !self.shape.spilled() && !self.strides.spilled()
+    }
+}
+
 impl Clone for Layout {
     #[inline]
     fn clone(&self) -> Self {
+        if self.is_inline() {
+            // Up to 8 dimensions (nearly every tensor) live inline: one plain copy of the
+            // struct, instead of two element loops. Tensors are cloned on every export, so
+            // this is on the hot path of every conversion.
+            // SAFETY: every field is plain `Copy` data except the two `SmallVec`s, and an
+            // inline (not spilled) `SmallVec` of `i64` owns no heap memory: its elements and
+            // length sit in its own bytes, and dropping it frees nothing. A bitwise copy is
+            // therefore an independent, valid `Layout` equal to `self`, and dropping both
+            // the copy and the original is fine.
+            return unsafe { std::ptr::read(self) };
+        }
         Layout {
             shape: SmallVec::from_slice(&self.shape),
             strides: SmallVec::from_slice(&self.strides),

@@ -120,7 +120,7 @@ impl<'a> RawTensor<'a> {
 /// are laid out. Holds no owner and promises nothing about the memory; see [`Tensor`].
 ///
 /// Built only by [`Descriptor::new`] and [`RawTensor::validate`]; every getter is infallible.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq, Hash)]
 pub struct Descriptor {
     data: usize,
     device: Device,
@@ -131,6 +131,24 @@ pub struct Descriptor {
     nbytes: u64,
     /// Bytes reached relative to element 0, `[lo, hi)`.
     span: (i64, i64),
+}
+
+impl Clone for Descriptor {
+    /// One plain copy for up to 8 dimensions (see `Layout`'s `clone`), always inlined so that
+    /// a caller writing the clone into place does not build it on the stack first.
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        if self.layout.is_inline() {
+            // SAFETY: every field but `layout` is plain `Copy` data, and an inline layout
+            // owns no heap memory (`Layout::is_inline`): the bitwise copy is an independent,
+            // valid descriptor equal to `self`; dropping both is fine.
+            return unsafe { std::ptr::read(self) };
+        }
+        Descriptor {
+            layout: self.layout.clone(),
+            ..*self
+        }
+    }
 }
 
 impl Descriptor {
@@ -420,11 +438,21 @@ impl fmt::Debug for Descriptor {
 ///
 /// `Tensor` dereferences to its [`Descriptor`] for the layout getters: a tensor *is* a
 /// descriptor with a guarantee attached, and repeating two dozen getters would add nothing.
-#[derive(Clone)]
 pub struct Tensor {
     desc: Descriptor,
     owner: Owner,
     ready: Ready,
+}
+
+impl Clone for Tensor {
+    #[inline]
+    fn clone(&self) -> Self {
+        Tensor {
+            desc: self.desc.clone(),
+            owner: Arc::clone(&self.owner),
+            ready: self.ready.clone(),
+        }
+    }
 }
 
 impl Tensor {
@@ -538,6 +566,51 @@ impl Tensor {
     pub fn into_offset_folded(mut self) -> Tensor {
         self.desc.fold_offset();
         self
+    }
+
+    /// Clones the tensor into `dst` and returns it there, initialised: what
+    /// `dst.write(self.clone())` does, without building the clone on the stack first (a
+    /// tensor is a few hundred bytes; adapters that box a clone per export, such as
+    /// tensorbridge-dlpack's, save a copy per conversion). Whatever `dst` held is overwritten,
+    /// not dropped, as with [`MaybeUninit::write`](std::mem::MaybeUninit::write).
+    ///
+    /// ```
+    /// use std::mem::MaybeUninit;
+    /// use tensorbridge::Tensor;
+    ///
+    /// let t = Tensor::from_vec(vec![1u8, 2, 3], &[3])?;
+    /// let mut slot = Box::new(MaybeUninit::<Tensor>::uninit());
+    /// let copy = t.clone_into_uninit(&mut slot);
+    /// assert_eq!(copy.descriptor(), t.descriptor());
+    /// # Ok::<(), tensorbridge::Error>(())
+    /// ```
+    #[inline]
+    pub fn clone_into_uninit<'a>(
+        &self,
+        dst: &'a mut std::mem::MaybeUninit<Tensor>,
+    ) -> &'a mut Tensor {
+        let dst = dst.as_mut_ptr();
+        if self.desc.layout.is_inline() {
+            // SAFETY: `dst` is valid for writes of one `Tensor` (it comes from a `&mut
+            // MaybeUninit<Tensor>`) and cannot overlap `self` (a shared and a unique borrow).
+            // The bitwise copy duplicates the descriptor, which is sound for an inline layout
+            // (`Descriptor`'s `clone`), and, for the moment until the two writes below, the
+            // owner and readiness handles, which are then overwritten without being dropped.
+            unsafe { std::ptr::copy_nonoverlapping(self, dst, 1) };
+            // SAFETY: initialised by the copy, and borrowed from `dst` for `'a`. Its owner and
+            // readiness are uncounted duplicates until the two writes below.
+            let copy = unsafe { &mut *dst };
+            // SAFETY: a valid place; the duplicate owner is replaced, not dropped, by a
+            // counted clone.
+            unsafe { std::ptr::write(&mut copy.owner, Arc::clone(&self.owner)) };
+            // SAFETY: as above, for the readiness (an `Arc` for signals).
+            unsafe { std::ptr::write(&mut copy.ready, self.ready.clone()) };
+            return copy;
+        }
+        // SAFETY: valid for writes (above); a full clone, written once.
+        unsafe { dst.write(self.clone()) };
+        // SAFETY: initialised above, and borrowed from `dst` for `'a`.
+        unsafe { &mut *dst }
     }
 
     /// A typed read-only view over host memory.

@@ -4,6 +4,7 @@
 mod dlpark_interop;
 mod export;
 mod import;
+mod own_export;
 mod ownership;
 mod producer;
 mod roundtrip;

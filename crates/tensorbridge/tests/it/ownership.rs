@@ -25,6 +25,35 @@ proptest! {
         drop(readied);
         prop_assert_eq!(counter.drops(), 1);
     }
+
+    /// Clones, plain or written into place, of inline (up to 8 dimensions, copied bitwise)
+    /// and spilled layouts equal the original and count the owner: released once, last.
+    #[test]
+    fn clones_in_place_equal_and_count_the_owner(
+        (shape, strides) in tensorbridge_testkit::small_layout(12),
+    ) {
+        let counter = DropCounter::new();
+        let raw = RawTensor {
+            strides: Some(&strides),
+            ..RawTensor::host(0x1000, DType::FLOAT64, &shape)
+        };
+        let desc = raw.validate().unwrap();
+        // SAFETY: never dereferenced; the test only clones and drops.
+        let t = unsafe { Tensor::from_descriptor(desc, counter.owner()) };
+        let mut slot = Box::new(std::mem::MaybeUninit::<Tensor>::uninit());
+        let placed = t.clone_into_uninit(&mut slot);
+        prop_assert_eq!(placed.descriptor(), t.descriptor());
+        prop_assert_eq!(placed.shape(), &shape[..]);
+        let plain = t.clone();
+        prop_assert_eq!(plain.descriptor(), t.descriptor());
+        // SAFETY: initialised by `clone_into_uninit`; taken out once, then the box is freed
+        // as `MaybeUninit` (nothing dropped twice).
+        let placed = unsafe { slot.assume_init_read() };
+        drop((t, plain));
+        prop_assert_eq!(counter.drops(), 0);
+        drop(placed);
+        prop_assert_eq!(counter.drops(), 1);
+    }
 }
 
 #[test]
