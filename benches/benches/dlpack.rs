@@ -2,12 +2,16 @@
 //! next to dlpark's own round trip on the same descriptor (its producer over a shared buffer,
 //! its consumer's validation), in the same group so one run compares them.
 //!
-//! Ours: `export_versioned` (one allocation: the managed struct, a clone of the tensor's
-//! owner, shape and strides), `import_versioned` (the core's full validation at the trust
-//! boundary, one allocation for the new owner), then drop (the deleter frees the export).
-//! dlpark: `metadata::Dynamic` copying shape and strides into its one allocation with an `Arc`
-//! of the buffer as context, then `Managed::from_raw` + `validate` (structural checks only:
-//! no dtype or device codes, alignment or address-span checks), then drop.
+//! - `tensorbridge`: `export_versioned` (one allocation: the managed struct and a clone of the
+//!   tensor, written in place), `import_versioned` (recognises its own export by the mark in
+//!   `manager_ctx`, compares every field with the kept tensor, hands the tensor back and
+//!   frees the box), then drop.
+//! - `dlpark`: `metadata::Dynamic` copying shape and strides into its one allocation with an
+//!   `Arc` of the buffer as context, then `Managed::from_raw` + `validate` (structural checks
+//!   only: no dtype or device codes, alignment or address-span checks), then drop.
+//! - `dlpark_to_tensorbridge`: dlpark's producer as above, then our `import_versioned` of a
+//!   foreign struct: the core's full validation and a wrapper owner (one more allocation).
+//!   This is what importing from any other producer costs.
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -68,6 +72,28 @@ fn roundtrip(c: &mut Criterion) {
                 black_box(managed)
             })
         });
+
+        group.bench_function(
+            BenchmarkId::new("dlpark_to_tensorbridge", format!("rank{rank}")),
+            |b| {
+                b.iter(|| {
+                    let data = buffer.as_ptr().cast_mut().cast();
+                    let mut init = Dynamic::new(black_box(&shape[..]), black_box(&strides[..]))
+                        .initialize(Arc::clone(&buffer))
+                        .expect("valid metadata");
+                    init.set_data(data)
+                        .set_dtype(DLDataType::F32)
+                        .set_device(DLDevice::CPU);
+                    // SAFETY: as for `dlpark` above.
+                    let raw = unsafe { init.finish() }.into_raw();
+                    let raw = NonNull::new(raw).expect("never null");
+                    // SAFETY: a live managed tensor from dlpark's producer over the shared
+                    // buffer; ownership moves to the import; never written.
+                    let imported = unsafe { import_versioned(raw) }.expect("valid");
+                    black_box(&imported);
+                })
+            },
+        );
     }
     group.finish();
 }
