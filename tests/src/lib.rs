@@ -4,6 +4,8 @@
 //! only with the `gpu-tests` feature and run by `cargo xtask test-gpu`. This library holds
 //! what the test binaries and the demo share.
 
+pub mod fuzz;
+
 /// `len` distinct-looking, non-zero `f32` values, each exactly representable, so a copy that
 /// drops, zeroes or reorders elements cannot compare equal by accident.
 pub fn f32_pattern(len: usize) -> Vec<f32> {

@@ -81,28 +81,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
 
 /// Installs what Miri needs; any refusal fails the task (never a silent skip).
 fn miri_setup(steps: &mut Steps) -> Result<()> {
-    steps.run("miri: nightly toolchain", || {
-        let out = Command::new("rustup")
-            .args(["toolchain", "list"])
-            .output()
-            .context("could not run `rustup toolchain list`: Miri needs rustup")?;
-        if !out.status.success() {
-            bail!("`rustup toolchain list` exited with {}", out.status);
-        }
-        let list = String::from_utf8_lossy(&out.stdout);
-        if list.lines().any(|l| l.starts_with("nightly-")) {
-            println!("nightly toolchain present");
-            Ok(())
-        } else {
-            run_status(Command::new("rustup").args([
-                "toolchain",
-                "install",
-                "nightly",
-                "--profile",
-                "minimal",
-            ]))
-        }
-    })?;
+    nightly_toolchain(steps)?;
     steps.cmd(
         "miri: components",
         Command::new("rustup").args(["+nightly", "component", "add", "miri", "rust-src"]),
@@ -128,4 +107,30 @@ fn miri_flags() -> String {
         flags.push_str(&setting);
     }
     flags
+}
+
+/// The nightly toolchain (Miri and cargo-fuzz need it), installed when missing.
+pub(crate) fn nightly_toolchain(steps: &mut Steps) -> Result<()> {
+    steps.run("nightly toolchain", || {
+        let out = Command::new("rustup")
+            .args(["toolchain", "list"])
+            .output()
+            .context("could not run `rustup toolchain list`: Miri needs rustup")?;
+        if !out.status.success() {
+            bail!("`rustup toolchain list` exited with {}", out.status);
+        }
+        let list = String::from_utf8_lossy(&out.stdout);
+        if list.lines().any(|l| l.starts_with("nightly-")) {
+            println!("nightly toolchain present");
+            Ok(())
+        } else {
+            run_status(Command::new("rustup").args([
+                "toolchain",
+                "install",
+                "nightly",
+                "--profile",
+                "minimal",
+            ]))
+        }
+    })
 }

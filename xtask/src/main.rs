@@ -8,6 +8,7 @@
 mod bench;
 mod ci;
 mod demo;
+mod fuzz;
 mod test_gpu;
 mod venv;
 
@@ -37,6 +38,11 @@ tasks:
   demo [-- ARGS...]
       Run the main job in release: hand a buffer through every path tensorbridge knows
       and print a table of what was shared zero-copy.
+  fuzz [--time SECS] [validate|cai|dlpack ...]
+      Run the libFuzzer targets of fuzz/ (cargo-fuzz on nightly, both installed when
+      missing), each SECS seconds (default 60), growing fuzz/corpus/<target>; print the
+      executions. A crash fails the task; its input lands in fuzz/artifacts/<target>/ and,
+      once fixed, belongs in fuzz/regressions/<target>/ (replayed by `ci`).
   venv
       Create .venv (or $TENSORBRIDGE_VENV) with the pins of python/requirements.txt
       (torch, NumPy, JAX, TensorFlow, maturin, pytest) and print its path. The tasks
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         "test-gpu" => test_gpu::run(rest),
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
+        "fuzz" => fuzz::run(rest),
         "venv" => venv_task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");

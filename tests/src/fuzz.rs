@@ -1,0 +1,440 @@
+//! The fuzz targets' bodies: each takes arbitrary bytes, decodes them into an untrusted
+//! descriptor (a raw tensor, a typestr and CAI / array-interface dict, a DLPack managed
+//! tensor) and runs it through the trust boundary. Nothing may panic, and what is accepted
+//! must satisfy the checks below.
+//!
+//! The libFuzzer binaries in `fuzz/` (`cargo xtask fuzz`) call these functions; so does the
+//! regression test `fuzz_regressions`, which replays the committed corpus and every crash
+//! reproducer on stable Rust in `cargo xtask ci`. Addresses are arbitrary numbers: the
+//! validation never dereferences them, and nothing here reads or writes tensor memory.
+
+use std::ffi::c_void;
+use std::ptr::{self, NonNull};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tensorbridge::{Access, Descriptor, Device, DeviceType, Packing, RawTensor, Tensor};
+use tensorbridge_cai::{
+    ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, ImportOptions,
+    TypeStr,
+};
+use tensorbridge_dlpack::ffi::{
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackVersion, DLTensor, DlpackFlags,
+};
+use tensorbridge_dlpack::{export_versioned, import_legacy, import_versioned};
+
+/// Reads fuzz bytes as a stream of values; past the end every read is 0.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    fn bool(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+    fn i32(&mut self) -> i32 {
+        i32::from_le_bytes(self.take())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+    fn i64(&mut self) -> i64 {
+        i64::from_le_bytes(self.take())
+    }
+    /// Mostly small values (where the interesting layouts are), sometimes any `i64`.
+    fn dim(&mut self) -> i64 {
+        match self.u8() % 8 {
+            0 => self.i64(),
+            1 => 1i64 << (self.u8() % 64),
+            _ => i64::from(self.u8() as i8),
+        }
+    }
+    /// Mostly aligned plausible addresses, sometimes 0 or any value.
+    fn address(&mut self) -> usize {
+        match self.u8() % 4 {
+            0 => 0,
+            1 => self.u64() as usize,
+            _ => 0x7f00_0000_0000 + (usize::from(self.u16()) << 4),
+        }
+    }
+    /// Mostly a known code in `0..=max`, sometimes any value.
+    fn code(&mut self, max: u8) -> i32 {
+        if self.u8().is_multiple_of(8) {
+            self.i32()
+        } else {
+            i32::from(self.u8() % (max + 1))
+        }
+    }
+    fn dims(&mut self, ndim: usize) -> Vec<i64> {
+        (0..ndim).map(|_| self.dim()).collect()
+    }
+}
+
+/// A descriptor validates again, unchanged, from its own parts: validation is idempotent.
+fn check_revalidates(desc: &Descriptor) {
+    let (device_type, device_id) = desc.device().to_dlpack().expect("validated device");
+    let dtype = desc.dtype();
+    let again = RawTensor {
+        data: desc.data(),
+        device_type,
+        device_id,
+        dtype_code: dtype.code().code(),
+        dtype_bits: dtype.bits(),
+        dtype_lanes: dtype.lanes(),
+        shape: desc.shape(),
+        strides: Some(desc.strides_elems()),
+        byte_offset: desc.byte_offset(),
+        access: desc.access(),
+        packing: desc.packing(),
+    }
+    .validate()
+    .expect("a validated descriptor validates again");
+    assert_eq!(&again, desc);
+    let folded = desc.with_offset_folded();
+    assert_eq!(folded.data_ptr(), desc.data_ptr());
+    assert_eq!(folded.byte_span(), desc.byte_span());
+}
+
+/// A tensor over fake memory: the owner is a unit, and nothing dereferences the address.
+fn fake_tensor(desc: Descriptor) -> Tensor {
+    // SAFETY: nothing reads or writes through this tensor (the fuzz targets only describe,
+    // export and import it); the address is never dereferenced.
+    unsafe { Tensor::from_descriptor(desc, Arc::new(())) }
+}
+
+/// Target `validate`: arbitrary raw tensors through the core's trust boundary.
+pub fn validate(data: &[u8]) {
+    let mut b = Bytes(data);
+    let ndim = usize::from(b.u8() % 12);
+    let shape = b.dims(ndim);
+    let strides = b.bool().then(|| b.dims(ndim));
+    let raw = RawTensor {
+        data: b.address(),
+        device_type: b.code(20),
+        device_id: b.code(3),
+        dtype_code: b.u8() % 24,
+        dtype_bits: [1, 2, 4, 6, 8, 16, 32, 64, 128, 3, 0, 255][usize::from(b.u8() % 12)],
+        dtype_lanes: if b.u8().is_multiple_of(8) { b.u16() } else { 1 },
+        shape: &shape,
+        strides: strides.as_deref(),
+        byte_offset: if b.bool() { 0 } else { b.u64() % 4096 },
+        access: if b.bool() {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        },
+        packing: if b.bool() {
+            Packing::Packed
+        } else {
+            Packing::Padded
+        },
+    };
+    let Ok(desc) = raw.validate() else { return };
+    assert_eq!(desc.shape(), &shape[..]);
+    if let Some(strides) = &strides {
+        assert_eq!(desc.strides_elems(), &strides[..]);
+    }
+    // An empty dimension makes the tensor empty whatever the others are (whose product
+    // alone may overflow: found by this target, in its oracle).
+    let numel = if shape.contains(&0) {
+        Some(0)
+    } else {
+        shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+    };
+    assert_eq!(Some(desc.numel()), numel);
+    check_revalidates(&desc);
+}
+
+/// The typestrs the dict models draw from, plus whatever the bytes spell.
+const TYPESTRS: &[&str] = &[
+    "<f4", "<f8", "<f2", "|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<u8", "<c8", "<c16", ">f4",
+    "|V2", "|V1", "<M8[ns]", "|O", "<U4",
+];
+
+fn typestr(b: &mut Bytes<'_>) -> Option<TypeStr> {
+    if b.u8().is_multiple_of(4) {
+        let len = usize::from(b.u8() % 9);
+        let spelled: String = (0..len).map(|_| char::from(b.u8() % 128)).collect();
+        TypeStr::from_str(&spelled).ok()
+    } else {
+        TypeStr::from_str(TYPESTRS[usize::from(b.u8()) % TYPESTRS.len()]).ok()
+    }
+}
+
+/// Target `cai`: typestr parsing, then CAI and array-interface dicts through validation;
+/// what is accepted exports back to an equal interface.
+pub fn cai(data: &[u8]) {
+    let mut b = Bytes(data);
+    // The grammar: a parsed typestr prints as a string that parses to it again.
+    let len = usize::from(b.u8() % 12);
+    let spelled: String = (0..len).map(|_| char::from(b.u8())).collect();
+    if let Ok(t) = TypeStr::from_str(&spelled) {
+        let printed = t.to_string();
+        assert_eq!(
+            TypeStr::from_str(&printed).ok(),
+            Some(t),
+            "{spelled:?} -> {printed}"
+        );
+    }
+
+    let Some(typestr) = typestr(&mut b) else {
+        return;
+    };
+    let ndim = usize::from(b.u8() % 9);
+    let shape = b.dims(ndim);
+    let strides = b.bool().then(|| b.dims(ndim));
+    let options = ImportOptions::default();
+    if b.bool() {
+        let cai = CudaArrayInterface {
+            shape,
+            typestr,
+            data: DataPointer {
+                address: b.address(),
+                readonly: b.bool(),
+            },
+            strides,
+            descr: None,
+            mask: b.u8().is_multiple_of(16),
+            version: i64::from(b.u8() % 5),
+            stream: match b.u8() % 4 {
+                0 => None,
+                1 => Some(b.i64()),
+                _ => Some(i64::from(b.u8() as i8)),
+            },
+        };
+        let device = Device::new(DeviceType::Cuda, u32::from(b.u8() % 4));
+        let Ok(validated) = cai.validate(device, &options) else {
+            return;
+        };
+        check_revalidates(validated.descriptor());
+        let (desc, _stream) = validated.into_parts();
+        let exported = CudaArrayInterface::from_descriptor(&desc, &tensorbridge::Ready::Now)
+            .expect("a validated CAI exports");
+        let again = exported
+            .validate(device, &options)
+            .expect("our export validates");
+        assert_same_interface(again.descriptor(), &desc);
+    } else {
+        let data = if b.bool() {
+            ArrayData::Pointer(DataPointer {
+                address: b.address(),
+                readonly: b.bool(),
+            })
+        } else {
+            ArrayData::Buffer(BufferRegion {
+                address: b.address(),
+                len: usize::from(b.u16()),
+                readonly: b.bool(),
+            })
+        };
+        let ai = ArrayInterface {
+            shape,
+            typestr,
+            data,
+            strides,
+            descr: None,
+            mask: b.u8().is_multiple_of(16),
+            offset: i64::from(b.u8() as i8),
+            version: i64::from(b.u8() % 5),
+        };
+        let Ok(validated) = ai.validate(&options) else {
+            return;
+        };
+        check_revalidates(validated.descriptor());
+        let tensor = fake_tensor(validated.into_parts().0);
+        let exported = ArrayInterface::from_tensor(&tensor).expect("a validated interface exports");
+        let again = exported.validate(&options).expect("our export validates");
+        assert_same_interface(again.descriptor(), tensor.descriptor());
+    }
+}
+
+/// An interface exported and validated again describes the same tensor, offset folded; for
+/// an empty one the address may differ: the CAI asks exporters to write 0 there (found by
+/// this target, which first compared addresses too).
+fn assert_same_interface(again: &Descriptor, original: &Descriptor) {
+    let original = original.with_offset_folded();
+    if original.numel() == 0 {
+        assert_eq!(
+            (again.shape(), again.dtype(), again.device(), again.access()),
+            (
+                original.shape(),
+                original.dtype(),
+                original.device(),
+                original.access()
+            )
+        );
+    } else {
+        assert_eq!(again, &original);
+    }
+}
+
+/// What a fuzzed managed tensor's deleter frees and counts.
+struct Producer {
+    released: Arc<AtomicUsize>,
+    _shape: Vec<i64>,
+    _strides: Vec<i64>,
+}
+
+unsafe extern "C" fn release_versioned(m: *mut DLManagedTensorVersioned) {
+    // SAFETY: called once per struct (the property under test), with a struct that
+    // `dlpack` boxed together with its `Producer`, both still live.
+    let m = unsafe { Box::from_raw(m) };
+    // SAFETY: `manager_ctx` is the `Producer` box made for this struct.
+    let producer = unsafe { Box::from_raw(m.manager_ctx.cast::<Producer>()) };
+    producer.released.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn release_legacy(m: *mut DLManagedTensor) {
+    // SAFETY: as `release_versioned`.
+    let m = unsafe { Box::from_raw(m) };
+    // SAFETY: as `release_versioned`.
+    let producer = unsafe { Box::from_raw(m.manager_ctx.cast::<Producer>()) };
+    producer.released.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Target `dlpack`: managed tensors with arbitrary field values (version, flags, device,
+/// dtype, rank, null or real shape and strides, offset) through both imports. Whatever
+/// happens, the producer's deleter runs exactly once; accepted tensors round-trip through
+/// our export.
+pub fn dlpack(data: &[u8]) {
+    let mut b = Bytes(data);
+    let legacy = b.u8().is_multiple_of(4);
+    let ndim_field = if b.u8().is_multiple_of(16) {
+        b.i32()
+    } else {
+        i32::from(b.u8() % 10)
+    };
+    // Arrays as long as the struct claims: the import reads `ndim` values, as DLPack lets
+    // it (an overflow here was the harness's, caught by AddressSanitizer). Ranks above 64
+    // come with a null shape, which is refused before anything is read.
+    let stored = usize::try_from(ndim_field).ok().filter(|&n| n <= 64);
+    let mut shape = b.dims(stored.unwrap_or(0));
+    let mut strides = b.dims(stored.unwrap_or(0));
+    let null_shape = stored.is_none() || b.u8().is_multiple_of(16);
+    let null_strides = b.u8().is_multiple_of(4);
+    let released = Arc::new(AtomicUsize::new(0));
+    let dl = DLTensor {
+        data: ptr::with_exposed_provenance_mut(b.address()),
+        device: DLDevice {
+            device_type: DLDeviceType(b.code(20) as u32),
+            device_id: b.code(3),
+        },
+        ndim: ndim_field,
+        dtype: DLDataType {
+            code: DLDataTypeCode(b.u8() % 24),
+            bits: [8, 16, 32, 64, 4, 6, 1, 128, 0, 7][usize::from(b.u8() % 10)],
+            lanes: if b.u8().is_multiple_of(8) { b.u16() } else { 1 },
+        },
+        shape: if null_shape {
+            ptr::null_mut()
+        } else {
+            shape.as_mut_ptr()
+        },
+        strides: if null_strides {
+            ptr::null_mut()
+        } else {
+            strides.as_mut_ptr()
+        },
+        byte_offset: if b.bool() { 0 } else { b.u64() % 4096 },
+    };
+    let producer = Box::into_raw(Box::new(Producer {
+        released: Arc::clone(&released),
+        _shape: shape,
+        _strides: strides,
+    }))
+    .cast::<c_void>();
+    let give_back = b.bool();
+    let imported = if legacy {
+        let m = Box::into_raw(Box::new(DLManagedTensor {
+            dl_tensor: dl,
+            manager_ctx: producer,
+            deleter: Some(release_legacy),
+        }));
+        let access = if b.bool() {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        };
+        // SAFETY: a live struct whose shape and strides (owned by the producer box) hold
+        // `ndim` values when non-null and `ndim` is in range; the deleter frees both boxes
+        // once; the data address is never dereferenced (obligation 3 is moot).
+        match unsafe { import_legacy(NonNull::new(m).expect("boxed"), access) } {
+            Ok(imported) => Some(imported.into_tensor()),
+            Err(e) => {
+                if give_back {
+                    if let Some(m) = e.into_inner() {
+                        // SAFETY: given back untouched and ours: released once, here.
+                        unsafe { release_legacy(m.as_ptr()) };
+                    }
+                } else {
+                    drop(e);
+                }
+                None
+            }
+        }
+    } else {
+        let version = DLPackVersion {
+            major: if b.u8().is_multiple_of(8) {
+                u32::from(b.u8())
+            } else {
+                1
+            },
+            minor: u32::from(b.u8() % 5),
+        };
+        let flags = if b.u8().is_multiple_of(8) {
+            DlpackFlags::from_bits_retain(b.u64())
+        } else {
+            DlpackFlags::from_bits_retain(u64::from(b.u8() % 8))
+        };
+        let m = Box::into_raw(Box::new(DLManagedTensorVersioned {
+            version,
+            manager_ctx: producer,
+            deleter: Some(release_versioned),
+            flags,
+            dl_tensor: dl,
+        }));
+        // SAFETY: as for the legacy struct above.
+        match unsafe { import_versioned(NonNull::new(m).expect("boxed")) } {
+            Ok(imported) => Some(imported.into_tensor()),
+            Err(e) => {
+                if give_back {
+                    if let Some(m) = e.into_inner() {
+                        // SAFETY: given back untouched and ours: released once, here.
+                        unsafe { release_versioned(m.as_ptr()) };
+                    }
+                } else {
+                    drop(e);
+                }
+                None
+            }
+        }
+    };
+    if let Some(tensor) = imported {
+        assert_eq!(released.load(Ordering::SeqCst), 0, "released while in use");
+        check_revalidates(tensor.descriptor());
+        let raw = export_versioned(&tensor).expect("an imported tensor exports");
+        let raw = NonNull::new(raw.into_raw()).expect("never null");
+        // SAFETY: our own live export of the tensor; ownership passes to the import.
+        let back = unsafe { import_versioned(raw) }.expect("our export imports");
+        assert_eq!(back.tensor.descriptor(), &tensor.with_offset_folded());
+        drop((tensor, back));
+    }
+    assert_eq!(
+        released.load(Ordering::SeqCst),
+        1,
+        "the deleter runs exactly once"
+    );
+}
