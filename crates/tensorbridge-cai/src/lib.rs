@@ -120,3 +120,27 @@ pub use model::{
     DescrFormat, Interface,
 };
 pub use typestr::{ByteOrder, DateTimeUnit, TimeUnit, TypeKind, TypeStr, TypeStrProblem};
+
+// Thread safety of the public types, checked at compile time: every one is plain data
+// (integers, strings, vectors; addresses are `usize`, never dereferenced here), except
+// `Validated`, which holds a core `Descriptor` and a `StreamRequest`, plain data too.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<CudaArrayInterface>();
+    assert_send_sync::<ArrayInterface>();
+    assert_send_sync::<ArrayData>();
+    assert_send_sync::<BufferRegion>();
+    assert_send_sync::<DataPointer>();
+    assert_send_sync::<DescrField>();
+    assert_send_sync::<DescrFormat>();
+    assert_send_sync::<Interface>();
+    assert_send_sync::<TypeStr>();
+    assert_send_sync::<TypeKind>();
+    assert_send_sync::<ByteOrder>();
+    assert_send_sync::<DateTimeUnit>();
+    assert_send_sync::<TimeUnit>();
+    assert_send_sync::<TypeStrProblem>();
+    assert_send_sync::<ImportOptions>();
+    assert_send_sync::<Validated>();
+    assert_send_sync::<Error>();
+};

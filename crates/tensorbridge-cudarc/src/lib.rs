@@ -180,6 +180,30 @@ pub use slice::{
 };
 pub use view::{TensorView, TensorViewMut, view, view_mut};
 
+// Thread safety of the public types, checked at compile time:
+// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `driver.rs` say why events may be
+//   recorded, waited on and destroyed from any thread: the driver API is thread-safe for
+//   them, and the context is made current on the calling thread first), the stream names
+//   (plain values) and the `Arc<CudaStream>` it keeps alive (cudarc's, Send + Sync).
+// - `Borrowed<S>`: a core `Tensor`, the lent slice (`S: Source`, Send + Sync when its
+//   element type is), the stream, and the consumers under a `Mutex`.
+// - `TensorView`, `TensorViewMut`: a device address (an integer), a borrowed `Tensor`, the
+//   stream and a guard; they cross threads with the borrow. (Kernels that use them are
+//   ordered by their stream, not by the host thread.)
+// - `PointerInfo`, `MemoryType`, `Error`: plain data. `IntoTensorError<S>` carries the slice
+//   back, so it is as thread-safe as the slice.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<CudaSignal>();
+    assert_send_sync::<Borrowed<&'static cudarc::driver::CudaSlice<f32>>>();
+    assert_send_sync::<TensorView<'static, f32>>();
+    assert_send_sync::<TensorViewMut<'static, f32>>();
+    assert_send_sync::<PointerInfo>();
+    assert_send_sync::<MemoryType>();
+    assert_send_sync::<Error>();
+    assert_send_sync::<IntoTensorError<cudarc::driver::CudaSlice<f32>>>();
+};
+
 // For the docs' links.
 #[cfg(doc)]
 use tensorbridge::{Ready, Tensor};

@@ -87,6 +87,23 @@ pub use error::{Error, ImportError};
 pub use export::{ReadOnlyPolicy, export_legacy, export_versioned};
 pub use import::{Imported, import_legacy, import_versioned};
 
+// Thread safety of the public types, checked at compile time:
+// - `Imported`: a core `Tensor` (Send + Sync, see the core's list) and plain flags.
+// - `ImportError<M>`: an `Error` (plain data) and the owned managed tensor, whose owner may
+//   call the producer's deleter from any thread (DLPack allows it; see `ManagedOwner`'s
+//   `unsafe impl`s in `import.rs`, the one place this crate asserts thread safety by hand).
+// - `Error`, `ReadOnlyPolicy`: plain data.
+// The exported `dlpark::Managed` handles are dlpark's own (Send + Sync by its `unsafe impl`s:
+// a handle only releases the struct once, from whichever thread drops it).
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Imported>();
+    assert_send_sync::<ImportError<ffi::DLManagedTensorVersioned>>();
+    assert_send_sync::<ImportError<ffi::DLManagedTensor>>();
+    assert_send_sync::<Error>();
+    assert_send_sync::<ReadOnlyPolicy>();
+};
+
 /// The dlpark version this crate's ABI types come from, for callers who want its
 /// consumer and producer tools ([`dlpark::Managed`], capsules with its `pyo3` feature).
 pub use dlpark;

@@ -48,6 +48,13 @@
 //! the `Arc`; dropping the last clone drops the owner, which releases the memory exactly
 //! once (a DLPack deleter, a Python reference, a `Vec`).
 //!
+//! # Threads
+//! Every value type is `Send + Sync` (checked at compile time below, with the reason for
+//! each): tensors are shared across threads by cloning, and the last clone may drop on any
+//! thread, so owners must be `Send + Sync` too. The typed host views ([`HostView`],
+//! [`HostViewMut`], [`Iter`]) are neither: they hold raw pointers into the memory and borrow
+//! one tensor; make one per thread from a shared [`Tensor`].
+//!
 //! # Limitations
 //! - Host views read through raw pointers and need `T: Element`; packed fp6/fp4 tensors have
 //!   no typed view.
@@ -74,6 +81,43 @@ pub use stream::{
 };
 pub use tensor::{Access, Descriptor, Owner, RawTensor, Tensor};
 pub use view::{Bool8, Element, HostView, HostViewMut, Iter};
+
+// Thread safety of the public types, checked at compile time. Why each one may cross and be
+// shared between threads:
+// - `DType`, `DTypeCode`, `Packing`, `Device`, `DeviceType`, `Access`, `Constraint`, `Stream`,
+//   `StreamHandle`, `StreamRequest`, `StreamConvention`, `Bool8`: plain values (integers and
+//   enums); a `StreamHandle` is a number that names a stream and is never dereferenced here.
+// - `Layout`, `Descriptor`, `RawTensor`: plain data (inline or boxed integer vectors, borrowed
+//   slices for `RawTensor`); an address is a `usize`, not a pointer, so sharing one shares
+//   no access.
+// - `Tensor`: a descriptor, an `Owner` (`Arc<dyn Any + Send + Sync>`, so dropping the last
+//   clone on any thread is allowed by its type) and a `Ready` (its signal is
+//   `Arc<dyn ReadySignal>`, and `ReadySignal: Send + Sync`). Access to the memory goes
+//   through `unsafe` or checked views whose contracts cover concurrent use.
+// - `Error`, `SignalError`: plain data and strings.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<DType>();
+    assert_send_sync::<DTypeCode>();
+    assert_send_sync::<Packing>();
+    assert_send_sync::<Device>();
+    assert_send_sync::<DeviceType>();
+    assert_send_sync::<Access>();
+    assert_send_sync::<Constraint>();
+    assert_send_sync::<Stream>();
+    assert_send_sync::<StreamHandle>();
+    assert_send_sync::<StreamRequest>();
+    assert_send_sync::<StreamConvention>();
+    assert_send_sync::<Bool8>();
+    assert_send_sync::<Layout>();
+    assert_send_sync::<Descriptor>();
+    assert_send_sync::<RawTensor<'static>>();
+    assert_send_sync::<Tensor>();
+    assert_send_sync::<Ready>();
+    assert_send_sync::<Owner>();
+    assert_send_sync::<Error>();
+    assert_send_sync::<SignalError>();
+};
 
 // The README's Rust snippets are compiled as doctests.
 #[cfg(doctest)]
