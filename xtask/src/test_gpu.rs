@@ -300,6 +300,8 @@ fn run_script(names: &[&str]) -> String {
     format!(
         r#"#!/usr/bin/env bash
 # Runs tensorbridge's GPU test binaries on a GPU machine without a Rust toolchain.
+# TB_WRAP, when set, prefixes every binary (e.g. TB_WRAP="compute-sanitizer --tool memcheck
+# --error-exitcode 9").
 # Written by `cargo xtask test-gpu --bundle`. Usage: ./run.sh [ARGS...]; ARGS go to every
 # test binary (for example --nocapture, or a test name filter).
 set -u
@@ -321,7 +323,8 @@ passed=0
 failed=0
 for bin in "${{binaries[@]}}"; do
     echo "==> $bin"
-    if "$here/$bin" "$@"; then
+    # shellcheck disable=SC2086 # TB_WRAP is a command line, split on purpose.
+    if ${{TB_WRAP:-}} "$here/$bin" "$@"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))

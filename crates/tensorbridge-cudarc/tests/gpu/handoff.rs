@@ -428,3 +428,52 @@ fn handoff_cost_per_call() -> Result<()> {
     );
     Ok(())
 }
+
+/// 1e5 hand-offs of every kind leave device memory where it was: the pooled events, the
+/// owners kept alive for pending work and the views' guards are all given back.
+#[test]
+fn handoffs_return_device_memory_to_baseline() -> Result<()> {
+    let _serial = serial();
+    let rig = Rig::new()?;
+    let consumer = tbc::stream_of(&rig.b);
+    let round = |i: u32| -> Result<()> {
+        match i % 4 {
+            // SAFETY: `consumer` is `rig.b`, live for the whole test; the result is
+            // dropped at once.
+            0 => drop(unsafe { tbc::handoff(&rig.tensor, consumer) }?),
+            1 => drop(tbc::handoff_to(&rig.tensor, &rig.b)?),
+            2 => drop(tbc::record_ready(&rig.tensor)?),
+            _ => drop(tbc::view::<f32>(&rig.tensor, &rig.b)?),
+        }
+        Ok(())
+    };
+    // Warm up: the event pool and the driver's own structures reach their working size.
+    for i in 0..2_000 {
+        round(i)?;
+    }
+    rig.ctx.synchronize()?;
+    tbc::reclaim();
+    let (free_before, total) = cudarc::driver::result::mem_get_info()?;
+    const ROUNDS: u32 = 100_000;
+    let start = Instant::now();
+    for i in 0..ROUNDS {
+        round(i)?;
+    }
+    let host = start.elapsed();
+    rig.ctx.synchronize()?;
+    tbc::reclaim();
+    let (free_after, _) = cudarc::driver::result::mem_get_info()?;
+    let delta = free_before as i64 - free_after as i64;
+    println!(
+        "{ROUNDS} hand-offs in {:.1} ms: device memory free {free_before} -> {free_after} bytes \
+         of {total} (delta {delta})",
+        host.as_secs_f64() * 1e3
+    );
+    // The driver reserves in 2 MiB pages; anything growing per hand-off would show as
+    // megabytes after 1e5 of them.
+    assert!(
+        delta.unsigned_abs() <= 2 << 20,
+        "device memory moved by {delta} bytes over {ROUNDS} hand-offs"
+    );
+    Ok(())
+}
