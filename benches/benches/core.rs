@@ -1,4 +1,4 @@
-//! Core: untrusted raw descriptor -> validated `Tensor`, ranks 1, 4 and 8.
+//! Core: untrusted raw descriptor -> validated `Tensor`, ranks 1, 2, 4 and 8.
 //!
 //! Measures `RawTensor::validate` plus attaching an owner (an `Arc` clone), the whole cost
 //! every adapter's import pays at the trust boundary.
@@ -12,7 +12,7 @@ use tensorbridge::{DType, Owner, RawTensor, Tensor};
 fn raw_to_tensor(c: &mut Criterion) {
     let mut group = c.benchmark_group("core/raw_to_tensor");
     let owner: Owner = Arc::new(());
-    for rank in [1usize, 4, 8] {
+    for rank in [1usize, 2, 4, 8] {
         // A strided (transposed, offset) layout, so no fast path for compact tensors hides
         // the general cost.
         let shape: Vec<i64> = (0..rank).map(|d| 2 + d as i64).collect();

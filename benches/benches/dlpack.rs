@@ -1,4 +1,4 @@
-//! DLPack: `Tensor` -> versioned managed tensor -> `Tensor` round trip, ranks 1, 4 and 8,
+//! DLPack: `Tensor` -> versioned managed tensor -> `Tensor` round trip, ranks 1, 2, 4 and 8,
 //! next to dlpark's own round trip on the same descriptor (its producer over a shared buffer,
 //! its consumer's validation), in the same group so one run compares them.
 //!
@@ -26,7 +26,7 @@ use tensorbridge_dlpack::{export_versioned, import_versioned};
 
 fn roundtrip(c: &mut Criterion) {
     let mut group = c.benchmark_group("dlpack/roundtrip");
-    for rank in [1usize, 4, 8] {
+    for rank in [1usize, 2, 4, 8] {
         let shape: Vec<i64> = (0..rank).map(|d| 2 + (d % 3) as i64).collect();
         let numel: i64 = shape.iter().product();
         let tensor = Tensor::from_vec(vec![0.5f32; numel as usize], &shape).expect("valid");
