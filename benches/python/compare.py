@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""tensorbridge against the peers, side by side in one process, on a GPU machine.
+
+Each row times one path as the median of many calls after a warm-up (time.perf_counter_ns
+around each call), next to what a user would do instead, on the same buffer. The stream
+rows time how long each consumer keeps the host while the producer stream is still busy for
+SPIN_MS. Prints a markdown table and writes compare.json into $OUT (or the current
+directory). Rows whose library is missing say so instead of failing.
+
+Run (GPU machine, the bundle's wheel on PYTHONPATH):
+    python3 benches/python/compare.py
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import tensorbridge as tb
+
+N = 1 << 20  # float32 elements (4 MiB), non-zero data
+CALLS = 20_000
+WARMUP = 2_000
+SPIN_MS = 60
+
+rows = []
+
+
+def median_ns(fn, calls=CALLS, warmup=WARMUP):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        t0 = clock()
+        fn()
+        samples.append(clock() - t0)
+    return statistics.median(samples)
+
+
+def row(name, ours, peer_name, peer, target=None, note=""):
+    """Times `ours` and `peer` alternately in blocks (so drift hits both) and records them."""
+    try:
+        a = median_ns(ours)
+    except Exception as e:  # a path that fails is reported, never hidden
+        rows.append({"path": name, "error": f"{type(e).__name__}: {e}"})
+        print(f"| {name} | error: {type(e).__name__}: {e} | | | |")
+        return
+    b = None
+    if peer is not None:
+        try:
+            b = median_ns(peer)
+        except Exception as e:
+            note = f"peer failed: {type(e).__name__}: {e}"
+    ratio = a / b if b else None
+    rows.append({"path": name, "ours_ns": a, "peer": peer_name, "peer_ns": b,
+                 "ratio": ratio, "target": target, "note": note})
+    verdict = ""
+    if ratio is not None and target is not None:
+        verdict = "met" if ratio <= target else "MISSED"
+    print(f"| {name} | {a / 1e3:.2f} µs | {peer_name}: "
+          f"{(b / 1e3) if b else float('nan'):.2f} µs | "
+          f"{ratio if ratio else float('nan'):.2f}x | {verdict} {note} |")
+
+
+class PlainCAI:
+    """A plain object exposing a fixed CUDA Array Interface dict (what users write by hand)."""
+
+    def __init__(self, cai, owner):
+        self.__cuda_array_interface__ = cai
+        self._owner = owner
+
+
+def main():
+    import cupy as cp
+    import torch
+
+    print(f"tensorbridge {getattr(tb, '__version__', '?')}, torch {torch.__version__}, "
+          f"cupy {cp.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
+    print(f"device: {torch.cuda.get_device_name(0)}")
+    print()
+    print("| path | tensorbridge | peer | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+
+    t = torch.arange(N, dtype=torch.float32, device="cuda") + 0.5
+    c = cp.arange(N, dtype=cp.float32) + 0.5
+    torch.cuda.synchronize()
+    view_t = tb.asview(t)
+    view_c = tb.asview(c)
+    assert view_t.ptr == t.data_ptr() and view_c.ptr == c.data.ptr
+
+    # 1. torch.from_dlpack on a tensorbridge view vs on a CuPy array.
+    row("torch.from_dlpack(tb view)", lambda: torch.from_dlpack(view_c),
+        "torch.from_dlpack(cupy array)", lambda: torch.from_dlpack(c), target=1.0)
+
+    # 2. cupy.asarray on a tensorbridge view vs on a plain CAI object with the same dict.
+    plain = PlainCAI(dict(view_t.__cuda_array_interface__), t)
+    row("cupy.asarray(tb view)", lambda: cp.asarray(view_t),
+        "cupy.asarray(plain CAI object)", lambda: cp.asarray(plain), target=1.0)
+
+    # 3. tb.asview vs cuda.core's StridedMemoryView on the same objects.
+    smv = strided_memory_view()
+    for label, obj in (("torch tensor", t), ("cupy array", c)):
+        peer = (lambda o=obj: smv(o)) if smv else None
+        row(f"tb.asview({label})", lambda o=obj: tb.asview(o),
+            f"cuda.core StridedMemoryView({label})" if smv else "cuda.core: not installed",
+            peer, target=1.0)
+
+    # 4. tb.from_ptr vs CuPy's UnownedMemory + MemoryPointer route, over the same pointer.
+    ptr, nbytes = c.data.ptr, c.nbytes
+
+    def cupy_unowned():
+        mem = cp.cuda.UnownedMemory(ptr, nbytes, c, 0)
+        return cp.ndarray((N,), cp.float32, cp.cuda.MemoryPointer(mem, 0))
+
+    row("tb.from_ptr(ptr, ...)", lambda: tb.from_ptr(ptr, (N,), "float32", device="cuda:0",
+                                                       owner=c),
+        "cupy UnownedMemory + MemoryPointer + ndarray", cupy_unowned,
+        note="(from_ptr asks the driver for the allocation's range; CuPy checks nothing)")
+
+    # 5. numba.cuda.as_cuda_array on a tensorbridge view vs on a plain CAI object.
+    try:
+        from numba import cuda as ncuda
+        row("numba.cuda.as_cuda_array(tb view)", lambda: ncuda.as_cuda_array(view_t),
+            "numba.cuda.as_cuda_array(plain CAI)", lambda: ncuda.as_cuda_array(plain),
+            target=1.0)
+    except ImportError as e:
+        rows.append({"path": "numba", "error": str(e)})
+
+    # 6. Streams: how long each consumer keeps the host while the producer is busy.
+    print()
+    stream_rows(cp, torch)
+
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\nwrote {os.path.join(out, 'compare.json')}")
+
+
+def strided_memory_view():
+    """cuda.core's StridedMemoryView constructor, whatever this version calls it."""
+    try:
+        from cuda.core.utils import StridedMemoryView
+    except ImportError:
+        try:
+            from cuda.core.experimental.utils import StridedMemoryView
+        except ImportError:
+            return None
+    if hasattr(StridedMemoryView, "from_any_interface"):
+        return lambda o: StridedMemoryView.from_any_interface(o, stream_ptr=-1)
+    return lambda o: StridedMemoryView(o, stream_ptr=-1)
+
+
+SPIN = r"""
+extern "C" __global__ void spin_fill(float* out, unsigned long long n, long long cycles,
+                                     float value) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        long long start = clock64();
+        while (clock64() - start < cycles) {}
+    }
+    __syncthreads();
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        out[i] = value;
+    }
+}
+"""
+
+
+def stream_rows(cp, torch):
+    """A producer busy for SPIN_MS on its own stream publishes its result with the stream in
+    its CAI; each consumer imports it. Return time = how long the import kept the host;
+    correct = the consumer saw the producer's values (not the 0s before)."""
+    spin = cp.RawKernel(SPIN, "spin_fill")
+    clock_khz = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrClockRate, 0)
+    cycles = int(clock_khz * SPIN_MS)  # kHz * ms = cycles
+    producer = cp.cuda.Stream(non_blocking=True)
+    print(f"| consumer of a producer busy {SPIN_MS} ms | host time of the import | "
+          "values seen by the consumer | blocks the host? |")
+    print("|---|---:|---|---|")
+
+    def produce():
+        out = cp.zeros(N, dtype=cp.float32)
+        cp.cuda.Device().synchronize()
+        with producer:
+            spin((1,), (1,), (out, cp.uint64(1), cp.int64(cycles), cp.float32(7.0)))
+            spin((256,), (256,), (out, cp.uint64(N), cp.int64(0), cp.float32(7.0)))
+        cai = dict(out.__cuda_array_interface__)
+        cai["stream"] = producer.ptr
+        return PlainCAI(cai, out), out
+
+    def consume(label, fn, check):
+        obj, out = produce()
+        t0 = time.perf_counter_ns()
+        result = fn(obj)
+        host_ms = (time.perf_counter_ns() - t0) / 1e6
+        ok = check(result)
+        cp.cuda.Device().synchronize()
+        blocks = host_ms >= SPIN_MS * 0.5
+        rows.append({"path": f"stream: {label}", "host_ms": host_ms, "correct": ok,
+                     "blocks": blocks})
+        print(f"| {label} | {host_ms:.3f} ms | {'producer values' if ok else 'WRONG'} | "
+              f"{'yes' if blocks else 'no'} |")
+
+    consumer = torch.cuda.Stream()
+
+    def tb_then_torch(obj):
+        v = tb.asview(obj)
+        with torch.cuda.stream(consumer):
+            # torch passes its current stream to __dlpack__; tensorbridge makes that stream
+            # wait GPU-side for the producer, then the check below runs on it.
+            x = torch.from_dlpack(v)
+            return (x == 7.0).all()
+
+    def torch_check(r):
+        torch.cuda.synchronize()
+        return bool(r.item())
+
+    consume("tb.asview + torch.from_dlpack (on torch's stream)", tb_then_torch, torch_check)
+    consume("cupy.asarray(CAI with stream)", lambda o: cp.asarray(o),
+            lambda a: bool((a == 7.0).all().item()))
+    try:
+        from numba import cuda as ncuda
+        consume("numba.cuda.as_cuda_array(CAI with stream)",
+                lambda o: ncuda.as_cuda_array(o),
+                lambda a: bool(cp.asarray(a).min() == 7.0))
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
