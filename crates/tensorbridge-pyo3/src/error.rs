@@ -164,6 +164,16 @@ pub enum Error {
         /// The device claimed.
         device: Device,
     },
+    /// A NumPy masked array with masked elements: every protocol would show them as valid.
+    #[error(
+        "masked arrays cannot be viewed: {masked} of {total} elements are masked and every protocol would show them as valid (expected arr.filled(value) or arr.data)"
+    )]
+    Masked {
+        /// Masked elements.
+        masked: u64,
+        /// All elements.
+        total: u64,
+    },
     /// A required key missing from an interface dict.
     #[error("{interface} has no {key:?} key (expected {expected})")]
     MissingKey {
@@ -339,7 +349,8 @@ impl From<Error> for PyErr {
             | Error::MaxVersion { .. }
             | Error::NegativePointer { .. }
             | Error::HostOrdinal { .. }
-            | Error::MissingKey { .. } => PyValueError::new_err(msg),
+            | Error::MissingKey { .. }
+            | Error::Masked { .. } => PyValueError::new_err(msg),
             Error::UsedCapsule { .. }
             | Error::UnsupportedDlDevice { .. }
             | Error::CopyRefused { .. }

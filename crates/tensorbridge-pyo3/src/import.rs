@@ -39,6 +39,7 @@ pub(crate) unsafe fn import(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resu
         unsafe { order_consumer(&t, stream) }?;
         return Ok(t);
     }
+    refuse_masked(obj)?;
     // A producer that refuses with `BufferError` (data DLPack cannot describe, such as
     // NumPy's ml_dtypes arrays) may still offer an interface or a buffer: try those, and
     // raise its refusal only if none is left.
@@ -83,6 +84,55 @@ pub(crate) unsafe fn import(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resu
     Err(refused.unwrap_or_else(|| Error::NotATensor {
         type_name: type_name(obj),
     }))
+}
+
+/// Refuses a NumPy masked array that masks elements: it inherits `__dlpack__` and
+/// `__array_interface__` from `ndarray`, and neither carries the mask, so a view would show
+/// masked elements as valid. Arrays without a mask (`nomask`, or all `False`) pass.
+fn refuse_masked(obj: &Bound<'_, PyAny>) -> Result<()> {
+    let ty = obj.get_type();
+    let is_masked_array = ty
+        .module()
+        .is_ok_and(|m| m.to_cow().is_ok_and(|m| m.starts_with("numpy.ma")));
+    if !is_masked_array {
+        return Ok(());
+    }
+    let Some(mask) = attribute(obj, pyo3::intern!(obj.py(), "mask"))? else {
+        return Ok(());
+    };
+    let masked: u64 = mask.call_method0("sum")?.extract()?;
+    if masked == 0 {
+        return Ok(());
+    }
+    let total: u64 = obj.getattr(pyo3::intern!(obj.py(), "size"))?.extract()?;
+    Err(Error::Masked { masked, total })
+}
+
+/// ml_dtypes gives `float8_e5m2` the typestr `<f1` (kind `f`, one byte) where its other
+/// 8-bit types say `<V1`: when the object's own `dtype` names a one-byte dtype the core knows,
+/// read `f1` as raw bytes of that dtype, as for `V1` (`descr` repeated the typestr; it goes
+/// too). NumPy itself has no one-byte float.
+fn one_byte_float(
+    obj: &Bound<'_, PyAny>,
+    typestr: &mut TypeStr,
+    descr: &mut Option<Vec<tensorbridge_cai::DescrField>>,
+) {
+    if typestr.kind != TypeKind::Float || typestr.size != Some(1) {
+        return;
+    }
+    let named = obj
+        .getattr("dtype")
+        .ok()
+        .and_then(|d| dtype_from_py(&d).ok())
+        .is_some_and(|(d, _)| d.itemsize() == 1 && d.code() != tensorbridge::DTypeCode::Float);
+    if named {
+        *typestr = TypeStr::new(
+            tensorbridge_cai::ByteOrder::NotApplicable,
+            TypeKind::Void,
+            1,
+        );
+        *descr = None;
+    }
 }
 
 /// `obj.<name>`, or `None` when it has no such attribute.
@@ -290,7 +340,8 @@ unsafe fn from_cai(
     cai: &Bound<'_, PyAny>,
     stream: Option<i64>,
 ) -> Result<Tensor> {
-    let cai = read_cai(&as_dict(Which::Cuda, cai)?)?;
+    let mut cai = read_cai(&as_dict(Which::Cuda, cai)?)?;
+    one_byte_float(obj, &mut cai.typestr, &mut cai.descr);
     let options = void_options(obj, cai.typestr);
     let checked = cai.data.address != 0;
     if checked && !tensorbridge_cudarc::driver_present() {
@@ -343,6 +394,7 @@ fn from_array_interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>) -> Result
             Some(held)
         }
     };
+    one_byte_float(obj, &mut ai.typestr, &mut ai.descr);
     let options = void_options(obj, ai.typestr);
     let validated = ai.validate(&options)?;
     let inner = held.map(|h| Arc::new(h) as Owner);
