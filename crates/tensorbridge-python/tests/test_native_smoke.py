@@ -79,3 +79,127 @@ def test_release_after_every_consumer(tb):
     del t
     gc.collect()
     assert calls == [1]
+
+
+# --- on a GPU (skipped without one): streams ordered on the device, pointers checked --------
+
+
+def cuda_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def _busy(torch, stream, x, value):
+    """Enqueues ~0.2 s of GPU sleep and then a fill on `stream`: a consumer that is not
+    ordered after it reads the old values."""
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(4e8))
+        x.fill_(value)
+
+
+class _OnlyDlpack:
+    """Hides a tensor's C exchange API so that asview takes `__dlpack__`."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, **kw):
+        return self.t.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+@pytest.mark.parametrize("path", ["exchange_api", "dlpack"])
+def test_gpu_consumer_stream_waits_on_the_device_not_the_host(tb, path):
+    torch = cuda_torch()
+    import time
+
+    producer, consumer, third = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    n = 1 << 20
+    x = torch.zeros(n, device="cuda")
+    tb.asview(x, stream=consumer.cuda_stream)  # warm-up: driver, contexts, events
+    torch.cuda.synchronize()
+    _busy(torch, producer, x, 1.0)
+    with torch.cuda.stream(producer):
+        t0 = time.perf_counter()
+        v = tb.asview(x if path == "exchange_api" else _OnlyDlpack(x), stream=consumer.cuda_stream)
+        took = time.perf_counter() - t0
+    assert took < 0.05, f"asview blocked the host for {took:.3f} s"
+    assert v.ptr == x.data_ptr() and v.device == "cuda:0"
+    with torch.cuda.stream(consumer):
+        on_consumer = torch.from_dlpack(v).sum()
+    # A third stream takes the view too: tensorbridge orders it after the consumer's wait.
+    with torch.cuda.stream(third):
+        on_third = torch.from_dlpack(v).sum()
+    torch.cuda.synchronize()
+    assert on_consumer.item() == n and on_third.item() == n
+
+
+def test_gpu_cuda_array_interface_stream_becomes_readiness(tb):
+    torch = cuda_torch()
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    n = 1 << 20
+    x = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+
+    class Cai:
+        def __init__(self, t, stream):
+            self.t = t
+            self.__cuda_array_interface__ = {
+                "shape": (n,), "typestr": "<f4", "data": (t.data_ptr(), False),
+                "strides": None, "version": 3, "stream": stream,
+            }
+
+    _busy(torch, producer, x, 2.0)
+    v = tb.asview(Cai(x, producer.cuda_stream))
+    assert v.__cuda_array_interface__["stream"] == producer.cuda_stream
+    with torch.cuda.stream(consumer):
+        s = torch.from_dlpack(v).sum()
+    torch.cuda.synchronize()
+    assert s.item() == 2 * n
+
+
+def test_gpu_from_ptr_checks_the_allocation(tb):
+    torch = cuda_torch()
+    np = pytest.importorskip("numpy")
+    x = torch.arange(256, dtype=torch.float32, device="cuda")
+    v = tb.from_ptr(x.data_ptr(), (16, 16), "float32", device="cuda:0", owner=x)
+    assert torch.equal(torch.from_dlpack(v).flatten(), x)
+    with pytest.raises(ValueError, match="past the allocation"):
+        tb.from_ptr(x.data_ptr(), (1 << 30,), "float32", device="cuda:0", owner=x)
+    with pytest.raises(ValueError, match="not a CUDA allocation"):
+        tb.from_ptr(0xDEAD0000, (4,), "float32", device="cuda")
+    host = np.zeros(4, np.float32)
+    with pytest.raises(ValueError):
+        tb.from_ptr(host.ctypes.data, (4,), "float32", device="cuda", owner=host)
+    with pytest.raises(ValueError):
+        tb.from_ptr(x.data_ptr(), (4,), "float32", device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_gpu_copies(tb):
+    torch = cuda_torch()
+    np = pytest.importorskip("numpy")
+    x = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)[:, ::2]
+    v = tb.asview(x)
+    y = torch.from_dlpack(v.__dlpack__(max_version=(1, 3), copy=True))
+    assert y.data_ptr() != x.data_ptr() and torch.equal(y, x)
+    h = np.from_dlpack(v, device="cpu")
+    assert np.array_equal(h, x.cpu().numpy()) and h.flags.c_contiguous
+    with pytest.raises(BufferError):
+        v.__dlpack__(max_version=(1, 3), dl_device=(1, 0), copy=False)
+
+
+def test_gpu_frameworks_share_the_memory(tb):
+    torch = cuda_torch()
+    x = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    v = tb.asview(x)
+    cp = pytest.importorskip("cupy")
+    assert cp.from_dlpack(v).data.ptr == x.data_ptr()
+    assert cp.asarray(v).data.ptr == x.data_ptr()
+    numba_cuda = pytest.importorskip("numba.cuda")
+    assert numba_cuda.as_cuda_array(v).device_ctypes_pointer.value == x.data_ptr()
+    w = tb.asview(cp.arange(6, dtype=cp.float64))
+    assert w.device == "cuda:0" and torch.from_dlpack(w).sum().item() == 15
