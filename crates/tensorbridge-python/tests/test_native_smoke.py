@@ -184,7 +184,15 @@ def test_gpu_copies(tb):
     np = pytest.importorskip("numpy")
     x = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)[:, ::2]
     v = tb.asview(x)
-    y = torch.from_dlpack(v.__dlpack__(max_version=(1, 3), copy=True))
+
+    class Copied:
+        def __dlpack__(self, **kw):
+            return v.__dlpack__(copy=True, **kw)
+
+        def __dlpack_device__(self):
+            return v.__dlpack_device__()
+
+    y = torch.from_dlpack(Copied())
     assert y.data_ptr() != x.data_ptr() and torch.equal(y, x)
     h = np.from_dlpack(v, device="cpu")
     assert np.array_equal(h, x.cpu().numpy()) and h.flags.c_contiguous
