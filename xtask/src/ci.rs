@@ -25,10 +25,21 @@ const ALL_FEATURES_EXCLUDED: &[&str] = &[];
 /// `cargo test` step and tested in the Python step, inside the managed environment.
 /// `tensorbridge-python` (the extension module) has no Rust tests at all (`test = false`):
 /// its tests are the pytest suite, run against the built wheel.
-const PYTHON_PACKAGES: &[&str] = &["tensorbridge-pyo3", "tensorbridge-python"];
+const PYTHON_PACKAGES: &[&str] = &[
+    "tensorbridge-pyo3",
+    "tensorbridge-python",
+    "tensorbridge-example",
+];
 
 /// Where the Python package lives, relative to the workspace root.
 pub(crate) const PYTHON_CRATE: &str = "crates/tensorbridge-python";
+
+/// The wheels maturin builds: (crate folder, the start of the wheel's file name). The
+/// example extension is the cookbook's Rust recipes, which the Python suite tests.
+const WHEELS: &[(&str, &str)] = &[
+    (PYTHON_CRATE, "tensorbridge-"),
+    ("crates/tensorbridge-example", "tensorbridge_example-"),
+];
 
 /// Proptest cases per property under Miri, which runs ~1000x slower than native code.
 const MIRI_PROPTEST_CASES: u32 = 8;
@@ -107,9 +118,9 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
 /// The Python package: the wheel built and installed into the environment, the pyo3 crate's
 /// Rust tests against the environment's libpython, and the pytest suite against the wheel.
 fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
-    let wheel = build_wheel(steps, venv)?;
+    let wheels = build_wheels(steps, venv)?;
     steps.cmd(
-        "python: install the wheel",
+        "python: install the wheels",
         venv.python_cmd()
             .args([
                 "-m",
@@ -119,7 +130,7 @@ fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
                 "--force-reinstall",
                 "--no-deps",
             ])
-            .arg(&wheel),
+            .args(&wheels),
     )?;
     match venv.libpython_dir()? {
         Some(libdir) => steps.cmd(
@@ -146,31 +157,35 @@ fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
     )
 }
 
-/// `maturin build --release` of the Python package into `target/wheels` (older tensorbridge
-/// wheels removed first, so exactly one is there); returns the wheel's path.
-pub(crate) fn build_wheel(steps: &mut Steps, venv: &Venv) -> Result<PathBuf> {
+/// `maturin build --release` of each of [`WHEELS`] into `target/wheels` (older wheels of
+/// the same package removed first, so exactly one of each is there); returns their paths.
+pub(crate) fn build_wheels(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
     let out = root().join("target").join("wheels");
-    for old in wheels_in(&out)? {
-        fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+    let mut built = Vec::new();
+    for (folder, prefix) in WHEELS {
+        for old in wheels_in(&out, prefix)? {
+            fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+        let mut maturin = venv.python_cmd();
+        maturin
+            .args(["-m", "maturin", "build", "--release", "--manifest-path"])
+            .arg(root().join(folder).join("Cargo.toml"))
+            .arg("--out")
+            .arg(&out);
+        steps.cmd(&format!("python: maturin build {folder}"), &mut maturin)?;
+        match wheels_in(&out, prefix)?.as_slice() {
+            [one] => built.push(one.clone()),
+            found => bail!(
+                "expected one {prefix}*.whl in {} after maturin, found {found:?}",
+                out.display()
+            ),
+        }
     }
-    let mut maturin = venv.python_cmd();
-    maturin
-        .args(["-m", "maturin", "build", "--release", "--manifest-path"])
-        .arg(root().join(PYTHON_CRATE).join("Cargo.toml"))
-        .arg("--out")
-        .arg(&out);
-    steps.cmd("python: maturin build --release", &mut maturin)?;
-    match wheels_in(&out)?.as_slice() {
-        [one] => Ok(one.clone()),
-        found => bail!(
-            "expected one tensorbridge wheel in {} after maturin, found {found:?}",
-            out.display()
-        ),
-    }
+    Ok(built)
 }
 
-/// The tensorbridge wheels in `dir` (none when it does not exist).
-fn wheels_in(dir: &Path) -> Result<Vec<PathBuf>> {
+/// The wheels in `dir` whose file name starts with `prefix` (none when `dir` does not exist).
+fn wheels_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(Vec::new());
     };
@@ -178,7 +193,7 @@ fn wheels_in(dir: &Path) -> Result<Vec<PathBuf>> {
     for entry in entries {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if name.starts_with("tensorbridge-") && name.ends_with(".whl") {
+        if name.starts_with(prefix) && name.ends_with(".whl") {
             found.push(path);
         }
     }

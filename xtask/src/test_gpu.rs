@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::ci::{PYTHON_CRATE, build_wheel};
+use crate::ci::{PYTHON_CRATE, build_wheels};
 use crate::venv;
 use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 
@@ -58,9 +58,9 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     let binaries = steps.run("build (release, stripped)", build)?;
     // The Python package's GPU suite runs against the wheel, like the CPU suite in `ci`.
     let venv = venv::ensure(steps)?;
-    let wheel = build_wheel(steps, &venv)?;
+    let wheels = build_wheels(steps, &venv)?;
     let python = Python {
-        wheel,
+        wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),
     };
     match bundle {
@@ -69,10 +69,10 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         }),
         None => {
             steps.cmd(
-                "python: install the wheel",
+                "python: install the wheels",
                 venv.python_cmd()
                     .args(["-m", "pip", "install", "--force-reinstall", "--no-deps"])
-                    .arg(&python.wheel),
+                    .args(&python.wheels),
             )?;
             let mut pytest = venv.python_cmd();
             pytest
@@ -265,9 +265,10 @@ fn string_field(json: &str, key: &str) -> Option<String> {
     }
 }
 
-/// What the bundle carries for the Python package: the wheel and the pytest suites.
+/// What the bundle carries for the Python package: the wheels (the package and the
+/// cookbook's example extension) and the pytest suites.
 struct Python {
-    wheel: PathBuf,
+    wheels: Vec<PathBuf>,
     /// `crates/tensorbridge-python/tests`: the GPU suite in `gpu/`, with the shared
     /// `conftest.py` and helpers beside it.
     tests: PathBuf,
@@ -320,12 +321,10 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
         fs::copy(&bin.path, &to)
             .with_context(|| format!("copying {} to {}", bin.path.display(), to.display()))?;
     }
-    let wheel_name = python
-        .wheel
-        .file_name()
-        .context("the wheel path has a file name")?;
-    fs::copy(&python.wheel, dir.join(wheel_name))
-        .with_context(|| format!("copying {}", python.wheel.display()))?;
+    for wheel in &python.wheels {
+        let name = wheel.file_name().context("a wheel path has a file name")?;
+        fs::copy(wheel, dir.join(name)).with_context(|| format!("copying {}", wheel.display()))?;
+    }
     copy_tests(&python.tests, &dir.join(BUNDLE_PYTHON_TESTS))?;
     let run_sh = dir.join("run.sh");
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
@@ -402,7 +401,7 @@ for bin in "${{binaries[@]}}"; do
     fi
 done
 
-# The Python package: install the wheel next to the bundle (no index, no dependencies: the
+# The Python package: install the wheels next to the bundle (no index, no dependencies: the
 # machine's environment has the frameworks) and run the GPU suite against it.
 echo "==> python: tensorbridge wheel and the GPU pytest suite"
 py="${{PYTHON:-python3}}"
@@ -411,7 +410,7 @@ tests="$here/{BUNDLE_PYTHON_TESTS}"
 suites=("$tests/test_native_smoke.py")
 [ -d "$tests/gpu" ] && suites+=("$tests/gpu")
 rm -rf "$here/py"
-if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/tensorbridge-*.whl \
+if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl \
     && PYTHONPATH="$here/py${{PYTHONPATH:+:$PYTHONPATH}}" "$py" -m pytest -q -p no:cacheprovider \
         --rootdir "$tests" "${{suites[@]}}" ${{PYTEST_ARGS:-}}; then
     passed=$((passed + 1))
