@@ -62,6 +62,7 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     let python = Python {
         wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),
+        examples: root().join(PYTHON_CRATE).join("examples"),
     };
     match bundle {
         Some(dir) => steps.run(&format!("bundle into {}", dir.display()), || {
@@ -272,12 +273,15 @@ struct Python {
     /// `crates/tensorbridge-python/tests`: the GPU suite in `gpu/`, with the shared
     /// `conftest.py` and helpers beside it.
     tests: PathBuf,
+    /// `crates/tensorbridge-python/examples`: the cookbook's scripts and the demo, which the
+    /// GPU suite runs; in the bundle beside `python-tests`, as in the crate.
+    examples: PathBuf,
 }
 
 /// The bundle's folder for the Python tests.
 const BUNDLE_PYTHON_TESTS: &str = "python-tests";
 
-/// Copies a folder of Python tests, leaving out caches.
+/// Copies a folder of Python tests (or scripts), leaving out caches.
 fn copy_tests(from: &Path, to: &Path) -> Result<()> {
     fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
     for entry in fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
@@ -326,6 +330,9 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
         fs::copy(wheel, dir.join(name)).with_context(|| format!("copying {}", wheel.display()))?;
     }
     copy_tests(&python.tests, &dir.join(BUNDLE_PYTHON_TESTS))?;
+    if python.examples.is_dir() {
+        copy_tests(&python.examples, &dir.join("examples"))?;
+    }
     let run_sh = dir.join("run.sh");
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
     fs::write(&run_sh, run_script(&names))
