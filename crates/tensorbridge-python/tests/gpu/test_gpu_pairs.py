@@ -1,0 +1,179 @@
+"""Every ordered pair of PyTorch, CuPy, JAX, Numba and cuda.core on the GPU through
+tensorbridge (producer -> tb.asview -> consumer), and every consumer of a raw cudaMalloc
+pointer (tb.from_ptr): zero-copy proven by pointer equality (pointers read without
+tensorbridge) and by a write on one side seen on the other. A dtype sweep follows for the
+frameworks that hold typed device arrays.
+
+Consumers: torch.from_dlpack, cupy.from_dlpack, cupy.asarray (CUDA Array Interface),
+jax.dlpack.from_dlpack, numba.cuda.as_cuda_array (CUDA Array Interface), and cuda.core's
+StridedMemoryView.
+"""
+
+import gc
+import statistics
+import time
+
+import numpy as np
+import pytest
+
+import tensorbridge as tb
+from gpu_frameworks import BY_NAME, CONSUMERS, PRODUCERS, cudart, device_values, np_dtype, writer
+
+P_IDS = [p.name for p in PRODUCERS]
+C_IDS = [c.name for c in CONSUMERS]
+N = 1024
+
+
+def _median_us(fn, n=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
+def _first(a):
+    return np.asarray(a).reshape(-1)[0]
+
+
+@pytest.mark.parametrize("consumer", C_IDS)
+@pytest.mark.parametrize("producer", P_IDS)
+def test_pair_zero_copy(producer, consumer, record):
+    p, c = BY_NAME[producer].require(), BY_NAME[consumer].require()
+    values = (np.arange(N, dtype=np.float32) * 0.5 - 7).astype(np.float32)
+    x = p.make(values)
+    v = tb.asview(x)
+    assert v.device == "cuda:0"
+    assert v.ptr == p.ptr(x)
+    expected = values.view(np_dtype(v.dtype))  # cuda.core's Buffer exports bytes
+    y = c.consume(v)
+    assert c.ptr(y) == p.ptr(x), f"{producer} -> {consumer} is not zero-copy"
+    np.testing.assert_array_equal(c.read(y).reshape(-1), expected.reshape(-1))
+
+    m = 42
+    w = writer(c, p)
+    if w is c:
+        w.write0(y, m)
+        seen = _first(p.read(x)) == m
+    elif w is p:
+        w.write0(x, m)
+        seen = _first(c.read(y)) == m
+    else:
+        z = w.consume(v)
+        assert w.ptr(z) == p.ptr(x)
+        w.write0(z, m)
+        seen = _first(p.read(x)) == m and _first(c.read(y)) == m
+    us = _median_us(lambda: c.consume(tb.asview(x)))
+    record(producer=producer, via="asview", consumer=consumer, dtype=v.dtype,
+           ptr_equal=True, write_visible=bool(seen), us=us)  # fmt: skip
+    assert seen, f"write through {w.name} not visible across {producer} -> {consumer}"
+
+
+@pytest.mark.parametrize("consumer", C_IDS)
+def test_raw_cuda_malloc_pointer(consumer, record):
+    """Memory a C library allocated (cudaMalloc through ctypes), described with tb.from_ptr,
+    released with cudaFree exactly once after the last consumer is gone."""
+    c = BY_NAME[consumer].require()
+    rt = cudart()
+    n = 4096
+    p = rt.malloc(n * 4)
+    rt.to_device(p, np.arange(n, dtype=np.float32))
+    freed = []
+
+    def release():
+        freed.append(p)
+        rt.free(p)
+
+    v = tb.from_ptr(p, (64, 64), "float32", device="cuda:0", release=release)
+    assert (v.ptr, v.shape, v.strides, v.device) == (p, (64, 64), (64, 1), "cuda:0")
+    y = c.consume(v)
+    assert c.ptr(y) == p
+    np.testing.assert_array_equal(c.read(y).reshape(-1), np.arange(n, dtype=np.float32))
+    w = writer(c)
+    target = y if w is c else w.consume(v)
+    w.write0(target, 42)
+    seen = device_values(p, (n,), np.float32)[0] == 42
+    us = _median_us(lambda: c.consume(tb.from_ptr(p, (64, 64), "float32", device="cuda:0", owner=v)))
+    del target
+    record(producer="cudaMalloc", via="from_ptr", consumer=consumer, dtype="float32",
+           ptr_equal=True, write_visible=bool(seen), us=us)  # fmt: skip
+    assert seen
+    del v
+    gc.collect()
+    assert freed == [], "cudaFree ran while a consumer still holds the memory"
+    del y
+    gc.collect()
+    assert freed == [p], f"release ran {len(freed)} times"
+
+
+@pytest.mark.parametrize("alloc", ["cupy.cuda.runtime.malloc", "cuda.core Device.allocate"])
+def test_other_raw_allocations(alloc, record):
+    torch = pytest.importorskip("torch")
+    if alloc.startswith("cupy"):
+        cupy = pytest.importorskip("cupy")
+        p = cupy.cuda.runtime.malloc(1 << 20)
+        owner, release = None, (lambda: cupy.cuda.runtime.free(p))
+    else:
+        pytest.importorskip("cuda.core")
+        from gpu_frameworks import cuda_core_allocate
+
+        buf = cuda_core_allocate(1 << 20)
+        p, owner, release = int(buf.handle), buf, None
+    v = tb.from_ptr(p, (1 << 18,), "float32", device="cuda:0", owner=owner, release=release)
+    t = torch.from_dlpack(v)
+    t.fill_(3.0)
+    torch.cuda.synchronize()
+    ok = (device_values(p, (4,), np.float32) == 3).all()
+    record(producer=alloc, via="from_ptr", consumer="torch", dtype="float32",
+           ptr_equal=t.data_ptr() == p, write_visible=bool(ok))  # fmt: skip
+    assert t.data_ptr() == p and ok
+
+
+# --- dtypes -----------------------------------------------------------------------------------
+
+DTYPES = ["bool", "int8", "uint8", "int16", "int32", "int64", "uint64", "float16", "bfloat16",
+          "float32", "float64", "complex64", "complex128"]  # fmt: skip
+TYPED = ["torch", "cupy", "jax", "numba"]
+
+
+def _sample(dt):
+    i = np.arange(48)
+    if dt == "bool":
+        return (i % 3) == 1
+    if dt.startswith(("int", "uint")):
+        v = i.astype(dt)
+        v[-1] = np.iinfo(dt).max
+        return v
+    if dt.startswith("complex"):
+        return (i - 5 + 1j * (48 - i)).astype(dt)
+    return (i * 0.5 - 3).astype(np.float32).astype(np_dtype(dt))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("consumer", TYPED + ["cuda.core"])
+@pytest.mark.parametrize("producer", TYPED)
+def test_dtype_pair(producer, consumer, dtype):
+    """Every dtype a producer can hold, into every consumer: shared and equal, or refused by
+    the consumer with a clean Python exception (recorded as xfail with its message)."""
+    p, c = BY_NAME[producer].require(), BY_NAME[consumer].require()
+    values = _sample(dtype)
+    try:
+        x = p.make(values)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        pytest.skip(f"{producer} cannot hold {dtype}: {type(e).__name__}: {e}")
+    v = tb.asview(x)
+    assert v.dtype == dtype and v.ptr == p.ptr(x)
+    try:
+        y = c.consume(v)
+    except (TypeError, ValueError, BufferError, NotImplementedError, RuntimeError) as e:
+        gc.collect()
+        assert v.ptr == p.ptr(x)
+        pytest.xfail(f"{consumer} refuses {dtype}: {type(e).__name__}: {str(e)[:200]}")
+    assert c.ptr(y) == p.ptr(x)
+    got = c.read(y)
+    if dtype == "bfloat16":
+        got, values = np.asarray(got).view(np.uint16), values.view(np.uint16)
+    np.testing.assert_array_equal(np.asarray(got).reshape(-1), values.reshape(-1))
