@@ -146,7 +146,7 @@ def _np_write(y, value):
 def _numba_write(y, value):
     # not `y[0] = value`: numba-cuda 0.30 compiles a kernel for that which calls np.row_stack,
     # gone in NumPy 2.5; a one-element view and a copy write the same element
-    y[0:1].copy_to_device(np.array([value], dtype=y.dtype))
+    y.ravel()[0:1].copy_to_device(np.array([value], dtype=y.dtype))
 
 
 def cuda_consumers():
@@ -294,7 +294,7 @@ def _table(rows, out):
 
     def cell(r, k):
         v = r.get(k)
-        if k == "write" and v is None and "ptr" in r:
+        if k == "write" and v is None and "ptr" in r and "note" not in r:
             return "n/a (read-only)"
         if v is None:
             return ""

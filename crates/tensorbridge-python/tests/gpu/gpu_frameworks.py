@@ -282,7 +282,8 @@ class NumbaGpu(GpuFramework):
         # Not `x[0] = value`: numba-cuda 0.30's DeviceNDArray.__setitem__ compiles a kernel
         # that calls np.row_stack, which NumPy 2.5 removed. A one-element view and a copy
         # (a plain memcpy) write the same element.
-        first = x[(slice(0, 1),) * x.ndim]
+        flat = x.ravel() if x.is_c_contiguous() else x  # a 1-D view of contiguous data
+        first = flat[(slice(0, 1),) * flat.ndim]
         first.copy_to_device(np.full(first.shape, value, dtype=x.dtype))
 
 

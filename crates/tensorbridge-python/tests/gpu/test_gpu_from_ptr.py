@@ -25,12 +25,24 @@ def alloc():
     rt.free(p)
 
 
-def test_fabricated_pointer_is_refused(record):
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_fabricated_pointer_is_refused(dtype, record):
+    """0x1234567890123456 is not 4-byte aligned, so as float32 the alignment check refuses it
+    first; as uint8 only the driver can: both must be ValueError naming the address."""
     with pytest.raises(ValueError) as info:
-        tb.from_ptr(0x1234567890123456, (4,), "float32", device="cuda:0")
-    print("fabricated pointer:", info.value)
-    record(producer="0x1234567890123456", via="from_ptr", consumer="-", note=f"ValueError: {str(info.value)[:60]}")
-    assert "0x1234567890123456" in str(info.value).lower()
+        tb.from_ptr(0x1234567890123456, (4,), dtype, device="cuda:0")
+    msg = str(info.value)
+    print(f"fabricated pointer ({dtype}):", msg)
+    record(producer="0x1234567890123456", via=f"from_ptr {dtype}", consumer="-", note=f"ValueError: {msg[:70]}")
+    assert "0x1234567890123456" in msg.lower()
+    if dtype == "uint8":
+        assert "align" not in msg, msg
+
+
+def test_fabricated_aligned_pointer_is_refused_by_the_driver():
+    with pytest.raises(ValueError) as info:
+        tb.from_ptr(0x1234567890123400, (64,), "float32", device="cuda:0")
+    assert "align" not in str(info.value), str(info.value)
 
 
 def test_exact_allocation_is_accepted(alloc):

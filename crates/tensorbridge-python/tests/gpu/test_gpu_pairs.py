@@ -152,26 +152,37 @@ def _sample(dt):
     return (i * 0.5 - 3).astype(np.float32).astype(np_dtype(dt))
 
 
+# What a framework itself cannot do, measured on the GPU machine (H200, numba-cuda 0.30,
+# NumPy 2.5): exactly this refusal is asserted, anything else fails.
+PRODUCER_LIMITS = {("numba", "bfloat16"): (ValueError, "cannot include dtype 'E'")}
+# No consumer refused a dtype a producer could hold in the first GPU run: any refusal fails.
+CONSUMER_LIMITS: dict = {}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("consumer", TYPED + ["cuda.core"])
 @pytest.mark.parametrize("producer", TYPED)
 def test_dtype_pair(producer, consumer, dtype):
-    """Every dtype a producer can hold, into every consumer: shared and equal, or refused by
-    the consumer with a clean Python exception (recorded as xfail with its message)."""
+    """Every dtype a producer can hold, into every consumer: shared and equal. The producer
+    limits above are asserted as such (the framework's refusal, not tensorbridge's)."""
     p, c = BY_NAME[producer].require(), BY_NAME[consumer].require()
     values = _sample(dtype)
-    try:
-        x = p.make(values)
-    except (TypeError, ValueError, NotImplementedError) as e:
-        pytest.skip(f"{producer} cannot hold {dtype}: {type(e).__name__}: {e}")
+    limit = PRODUCER_LIMITS.get((producer, dtype))
+    if limit is not None:
+        with pytest.raises(limit[0], match=limit[1]):
+            p.make(values)
+        return
+    x = p.make(values)
     v = tb.asview(x)
     assert v.dtype == dtype and v.ptr == p.ptr(x)
-    try:
-        y = c.consume(v)
-    except (TypeError, ValueError, BufferError, NotImplementedError, RuntimeError) as e:
+    limit = CONSUMER_LIMITS.get((consumer, dtype))
+    if limit is not None:
+        with pytest.raises(limit[0], match=limit[1]):
+            c.consume(v)
         gc.collect()
         assert v.ptr == p.ptr(x)
-        pytest.xfail(f"{consumer} refuses {dtype}: {type(e).__name__}: {str(e)[:200]}")
+        return
+    y = c.consume(v)
     assert c.ptr(y) == p.ptr(x)
     got = c.read(y)
     if dtype == "bfloat16":
