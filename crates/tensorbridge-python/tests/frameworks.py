@@ -73,15 +73,16 @@ def sample(name: str, shape=(3, 5)) -> np.ndarray:
     return np.asarray(v, dtype=np_dtype(name)).reshape(shape)
 
 
-def marker(name: str):
-    """A value no ``sample`` contains at element 0, exactly representable in the dtype."""
+def marker(name: str, index: int = 0):
+    """A value that ``sample(name)`` does not hold at flat ``index`` (0 or 1), exactly
+    representable in the dtype."""
     if name == "bool":
-        return True  # sample()[0] is False
+        return not bool(sample(name).flat[index])
     if name.startswith(("int", "uint")):
-        return 42
+        return 42 + index
     if name.startswith("complex"):
-        return complex(42.5, -7.0)
-    return 42.5
+        return complex(42.5 + index, -7.0)
+    return 42.5 + index
 
 
 def assert_same_values(actual: np.ndarray, expected: np.ndarray):
@@ -123,8 +124,12 @@ class Framework:
     def read(self, x) -> np.ndarray:
         raise NotImplementedError
 
-    def write0(self, x, value):
+    def write_flat(self, x, index, value):
+        """Writes ``value`` at flat (C-order) position ``index`` through the framework's API."""
         raise TypeError(f"{self.name} arrays are immutable")
+
+    def write0(self, x, value):
+        self.write_flat(x, 0, value)
 
     def __repr__(self):
         return self.name
@@ -147,8 +152,8 @@ class NumPyFw(Framework):
     def read(self, x):
         return np.array(x, copy=True)
 
-    def write0(self, x, value):
-        x[(0,) * x.ndim] = value
+    def write_flat(self, x, index, value):
+        x[np.unravel_index(index, x.shape)] = value
 
 
 class TorchFw(Framework):
@@ -179,8 +184,8 @@ class TorchFw(Framework):
             return x.contiguous().view(torch.int16).numpy().view(np_dtype("bfloat16")).copy()
         return x.numpy().copy()
 
-    def write0(self, x, value):
-        x[(0,) * x.dim()] = value
+    def write_flat(self, x, index, value):
+        x[tuple(int(i) for i in np.unravel_index(index, tuple(x.shape)))] = value
 
 
 class JaxFw(Framework):

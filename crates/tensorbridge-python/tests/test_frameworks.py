@@ -6,9 +6,9 @@ the 15 dtypes they share, the test checks that
 - the view reports the producer's pointer, shape, element strides, dtype name and device;
 - the consumer's tensor has the producer's data pointer (read independently of tensorbridge,
   see ``frameworks.py``) and the same values;
-- a write is visible on the other side: through the consumer when it can write, else through
-  the producer, else (JAX and TF are immutable by design) through a third framework that
-  imports the same view, whose write must then show in both.
+- writes are visible both ways: one through the consumer seen by the producer, one through
+  the producer seen by the consumer; JAX and TF are immutable by design, so on their side a
+  third framework that imports the same view writes, and its write must show in both.
 
 The only pairs that do not share memory are the ones the frameworks themselves refuse, and
 those are asserted exactly (see ``EXPECTED_REFUSALS``). NumPy bfloat16 (ml_dtypes) has no DLPack
@@ -103,23 +103,33 @@ def test_producer_to_consumer_zero_copy(tb, producer, consumer, dtype):
     assert c.ptr(y) == p.ptr(x), f"{producer} -> {consumer} copied"
     assert_same_values(c.read(y), values)
 
-    m = marker(dtype)
-    w = writer_for(c, p)
-    if w is c:
-        w.write0(y, m)
-        assert p.read(x).flat[0] == m, "write through the consumer not seen by the producer"
-    elif w is p:
-        w.write0(x, m)
-        assert c.read(y).flat[0] == m, "write through the producer not seen by the consumer"
-    else:
-        # JAX <-> TF and each with itself: both immutable; a third framework writes
-        z = w.consume(v)
-        assert w.ptr(z) == p.ptr(x)
-        w.write0(z, m)
-        assert p.read(x).flat[0] == m
-        assert c.read(y).flat[0] == m
+    # Writes both ways: through the consumer at flat index 0 (seen by the producer), through
+    # the producer at flat index 1 (seen by the consumer). A side that cannot write (JAX and
+    # TF are immutable by design) is stood in for by a third framework importing the same
+    # view, whose write must then show on both sides.
+    third = []
+
+    def writer_of(fw, obj):
+        if fw.writable:
+            return fw, obj
+        if not third:
+            w = writer_for()
+            z = w.consume(v)
+            assert w.ptr(z) == p.ptr(x)
+            third.append((w, z))
+        return third[0]
+
+    m0, m1 = marker(dtype, 0), marker(dtype, 1)
+    w, target = writer_of(c, y)
+    w.write_flat(target, 0, m0)
+    assert p.read(x).flat[0] == m0, f"write through {w.name} (consumer side) not seen by the producer"
+    assert c.read(y).flat[0] == m0
+    w, target = writer_of(p, x)
+    w.write_flat(target, 1, m1)
+    assert c.read(y).flat[1] == m1, f"write through {w.name} (producer side) not seen by the consumer"
+    assert p.read(x).flat[1] == m1
     # the rest of the buffer is untouched
-    assert_same_values(p.read(x).reshape(-1)[1:], values.reshape(-1)[1:])
+    assert_same_values(p.read(x).reshape(-1)[2:], values.reshape(-1)[2:])
 
 
 @pytest.mark.parametrize("consumer", FW_IDS)
@@ -187,3 +197,23 @@ def test_torch_requires_grad_is_refused_cleanly(tb):
         tb.asview(t)
     v = tb.asview(t.detach())
     assert v.ptr == t.data_ptr()
+
+
+def test_tensorflow_dlpack_functions(tb):
+    """TF's DLPack entry points in 2.21: ``tf.experimental.dlpack.to_dlpack`` (a legacy capsule
+    that tensorbridge consumes zero-copy) and ``from_dlpack`` (takes only a legacy capsule, so
+    a view is handed over as ``view.__dlpack__()``). ``tf.from_dlpack`` does not exist in 2.21;
+    if a later TF adds it, it must take a view directly, zero-copy."""
+    tf = pytest.importorskip("tensorflow")
+    t = tf.constant(np.arange(8, dtype=np.float32))
+    cap = tf.experimental.dlpack.to_dlpack(t)
+    v = tb.asview(cap)
+    assert v.ptr == BY_NAME["tensorflow"].ptr(t)
+    with pytest.raises(TypeError):
+        tf.experimental.dlpack.from_dlpack(v)  # not a capsule: TF's own TypeError
+    back = tf.experimental.dlpack.from_dlpack(v.__dlpack__())
+    assert BY_NAME["tensorflow"].ptr(back) == v.ptr
+    if hasattr(tf, "from_dlpack"):
+        assert BY_NAME["tensorflow"].ptr(tf.from_dlpack(v)) == v.ptr
+    else:
+        assert tf.__version__.startswith("2.21"), "tf.from_dlpack is absent: check the TF pin"
