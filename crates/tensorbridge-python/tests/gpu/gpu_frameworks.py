@@ -5,7 +5,7 @@ copies device bytes to the host without tensorbridge.
 Every adapter can make a device tensor it owns (``make``), import a producer the way that
 framework's users do (``consume``), report its device pointer independently of tensorbridge
 (``ptr``), read its current values to the host (``read``) and, where the framework allows,
-write one element in place (``write0``).
+write one element in place (``write_flat``).
 """
 
 from __future__ import annotations
@@ -146,8 +146,12 @@ class GpuFramework:
     def read(self, x) -> np.ndarray:
         raise NotImplementedError
 
-    def write0(self, x, value):
+    def write_flat(self, x, index, value):
+        """Writes ``value`` at flat (C-order) position ``index`` of a contiguous ``x``."""
         raise TypeError(f"{self.name} arrays are not written in place here")
+
+    def write0(self, x, value):
+        self.write_flat(x, 0, value)
 
     def __repr__(self):
         return self.name
@@ -183,8 +187,8 @@ class TorchGpu(GpuFramework):
             return x.contiguous().view(torch.int16).numpy().view(np_dtype("bfloat16"))
         return x.numpy().copy()
 
-    def write0(self, x, value):
-        x[(0,) * x.dim()] = value
+    def write_flat(self, x, index, value):
+        x.view(-1)[index] = value
 
 
 class CupyGpu(GpuFramework):
@@ -210,8 +214,8 @@ class CupyGpu(GpuFramework):
 
         return cupy.asnumpy(x)
 
-    def write0(self, x, value):
-        x[(0,) * x.ndim] = value
+    def write_flat(self, x, index, value):
+        x.reshape(-1)[index] = value  # a view: the tests' arrays are contiguous
 
 
 class CupyCaiGpu(CupyGpu):
@@ -278,13 +282,12 @@ class NumbaGpu(GpuFramework):
     def read(self, x):
         return x.copy_to_host()
 
-    def write0(self, x, value):
-        # Not `x[0] = value`: numba-cuda 0.30's DeviceNDArray.__setitem__ compiles a kernel
+    def write_flat(self, x, index, value):
+        # Not `x[i] = value`: numba-cuda 0.30's DeviceNDArray.__setitem__ compiles a kernel
         # that calls np.row_stack, which NumPy 2.5 removed. A one-element view and a copy
         # (a plain memcpy) write the same element.
-        flat = x.ravel() if x.is_c_contiguous() else x  # a 1-D view of contiguous data
-        first = flat[(slice(0, 1),) * flat.ndim]
-        first.copy_to_device(np.full(first.shape, value, dtype=x.dtype))
+        one = x.ravel()[index : index + 1]  # views of contiguous data
+        one.copy_to_device(np.full(1, value, dtype=x.dtype))
 
 
 def cuda_core():
