@@ -1,8 +1,8 @@
 """Every ordered pair of PyTorch, CuPy, JAX, Numba and cuda.core on the GPU through
 tensorbridge (producer -> tb.asview -> consumer), and every consumer of a raw cudaMalloc
 pointer (tb.from_ptr): zero-copy proven by pointer equality (pointers read without
-tensorbridge) and by writes both ways (each side's write seen by the other). A dtype sweep for the
-frameworks that hold typed device arrays.
+tensorbridge) and by writes both ways (each side's write seen by the other). A dtype sweep
+covers the frameworks that hold typed device arrays.
 
 Consumers: torch.from_dlpack, cupy.from_dlpack, cupy.asarray (CUDA Array Interface),
 jax.dlpack.from_dlpack, numba.cuda.as_cuda_array (CUDA Array Interface), and cuda.core's
