@@ -128,7 +128,7 @@ def consume_numba(v):
 CONSUMERS = {
     "torch": (consume_torch, True),
     "cupy": (consume_cupy, True),
-    "jax": (consume_jax, False),
+    "jax": (consume_jax, True),  # first GPU run: 146-188 us, producer still busy
     "cuda.core": (consume_cuda_core, True),
     "numba(cai)": (consume_numba, False),
 }
