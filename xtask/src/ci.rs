@@ -1,11 +1,14 @@
 //! `cargo xtask ci [--no-miri]`: everything CI checks, in the order CI checks it.
 
 use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{Steps, cargo, run_status};
+use crate::venv::{self, Venv};
+use crate::{Steps, cargo, root, run_status};
 
 /// Packages whose tests also run under Miri (`cargo +nightly miri test -p <pkg>`): unit
 /// tests, integration tests and doctests. Add a crate once its tests need no FFI (Miri cannot
@@ -17,6 +20,26 @@ pub(crate) const MIRI_PACKAGES: &[&str] =
 /// CUDA, Python or libtorch at build time (say which beside each entry). None do yet:
 /// cudarc loads libcuda at run time and builds anywhere.
 const ALL_FEATURES_EXCLUDED: &[&str] = &[];
+
+/// Packages that need libpython to link their test binaries: left out of the plain
+/// `cargo test` step and tested in the Python step, inside the managed environment.
+/// `tensorbridge-python` (the extension module) has no Rust tests at all (`test = false`):
+/// its tests are the pytest suite, run against the built wheel.
+const PYTHON_PACKAGES: &[&str] = &[
+    "tensorbridge-pyo3",
+    "tensorbridge-python",
+    "tensorbridge-example",
+];
+
+/// Where the Python package lives, relative to the workspace root.
+pub(crate) const PYTHON_CRATE: &str = "crates/tensorbridge-python";
+
+/// The wheels maturin builds: (crate folder, the start of the wheel's file name). The
+/// example extension is the cookbook's Rust recipes, which the Python suite tests.
+const WHEELS: &[(&str, &str)] = &[
+    (PYTHON_CRATE, "tensorbridge-"),
+    ("crates/tensorbridge-example", "tensorbridge_example-"),
+];
 
 /// Proptest cases per property under Miri, which runs ~1000x slower than native code.
 const MIRI_PROPTEST_CASES: u32 = 8;
@@ -35,7 +58,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
+    // First, so that every cargo step below builds pyo3 against the same interpreter
+    // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
+    // whenever the interpreter it finds changes.
+    let venv = venv::ensure(steps)?;
+    let cargo = || venv.cargo();
     steps.cmd("fmt", cargo().args(["fmt", "--all", "--check"]))?;
+    // Every member, the Python crates included: checking needs an interpreter for pyo3's
+    // build script, not libpython.
     steps.cmd(
         "clippy",
         cargo().args([
@@ -55,13 +85,19 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     clippy_all.args(["--", "-D", "warnings"]);
     steps.cmd("clippy --all-features", &mut clippy_all)?;
     // Includes the doctests.
-    steps.cmd("test", cargo().args(["test", "--workspace"]))?;
+    let mut test = cargo();
+    test.args(["test", "--workspace"]);
+    for package in PYTHON_PACKAGES {
+        test.args(["--exclude", package]);
+    }
+    steps.cmd("test", &mut test)?;
     steps.cmd(
         "doc",
         cargo()
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    python(steps, &venv)?;
     if !miri {
         steps.skip("miri", "--no-miri");
         return Ok(());
@@ -77,6 +113,101 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The Python package: the wheel built and installed into the environment, the pyo3 crate's
+/// Rust tests against the environment's libpython, and the pytest suite against the wheel.
+fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
+    let wheels = build_wheels(steps, venv)?;
+    steps.cmd(
+        "python: install the wheels",
+        venv.python_cmd()
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--force-reinstall",
+                "--no-deps",
+            ])
+            .args(&wheels),
+    )?;
+    match venv.libpython_dir()? {
+        Some(libdir) => steps.cmd(
+            "python: cargo test -p tensorbridge-pyo3",
+            venv.cargo()
+                .args(["test", "-p", "tensorbridge-pyo3"])
+                .env("LD_LIBRARY_PATH", prepend_path(&libdir)),
+        )?,
+        None => steps.skip(
+            "python: cargo test -p tensorbridge-pyo3",
+            "the environment's interpreter has no shared libpython to embed; the pytest suite covers the crate",
+        ),
+    }
+    let tests = root().join(PYTHON_CRATE).join("tests");
+    steps.cmd(
+        "python: pytest",
+        venv.python_cmd()
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(&tests)
+            // The GPU suite runs on a GPU machine (`cargo xtask test-gpu`).
+            .arg("--ignore")
+            .arg(tests.join("gpu"))
+            .current_dir(root()),
+    )
+}
+
+/// `maturin build --release` of each of [`WHEELS`] into `target/wheels` (older wheels of
+/// the same package removed first, so exactly one of each is there); returns their paths.
+pub(crate) fn build_wheels(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
+    let out = root().join("target").join("wheels");
+    let mut built = Vec::new();
+    for (folder, prefix) in WHEELS {
+        for old in wheels_in(&out, prefix)? {
+            fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+        let mut maturin = venv.python_cmd();
+        maturin
+            .args(["-m", "maturin", "build", "--release", "--manifest-path"])
+            .arg(root().join(folder).join("Cargo.toml"))
+            .arg("--out")
+            .arg(&out);
+        steps.cmd(&format!("python: maturin build {folder}"), &mut maturin)?;
+        match wheels_in(&out, prefix)?.as_slice() {
+            [one] => built.push(one.clone()),
+            found => bail!(
+                "expected one {prefix}*.whl in {} after maturin, found {found:?}",
+                out.display()
+            ),
+        }
+    }
+    Ok(built)
+}
+
+/// The wheels in `dir` whose file name starts with `prefix` (none when `dir` does not exist).
+fn wheels_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with(prefix) && name.ends_with(".whl") {
+            found.push(path);
+        }
+    }
+    Ok(found)
+}
+
+/// `dir` first, then the caller's `LD_LIBRARY_PATH`.
+fn prepend_path(dir: &Path) -> std::ffi::OsString {
+    let mut path = dir.as_os_str().to_owned();
+    if let Some(old) = env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    path
 }
 
 /// Installs what Miri needs; any refusal fails the task (never a silent skip).

@@ -25,14 +25,17 @@ cargo xtask <task> [options]
 
 tasks:
   ci [--no-miri]
-      cargo fmt --check, clippy (workspace, then --all-features), cargo test, cargo doc
-      with warnings denied, then Miri on each package in ci::MIRI_PACKAGES (installing
-      the nightly toolchain, Miri and rust-src first if they are missing).
-      --no-miri skips Miri, for quick local runs.
+      The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
+      --all-features), cargo test, cargo doc with warnings denied, the Python package
+      (maturin wheel into target/wheels, installed into the environment; the pyo3 crate's
+      tests; pytest crates/tensorbridge-python/tests without gpu/), then Miri on each
+      package in ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src
+      first if they are missing). --no-miri skips Miri, for quick local runs.
   test-gpu [--bundle DIR] [-- ARGS...]
-      Report the GPUs found, build the GPU test binaries (release, stripped) and run
-      them here; with --bundle, copy them into DIR (made afresh) with a run.sh for a GPU
-      machine that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
+      Report the GPUs found, build the GPU test binaries (release, stripped) and the
+      wheel, and run them here with the Python GPU suite; with --bundle, copy them, the
+      wheel and the Python tests into DIR (made afresh) with a run.sh for a GPU machine
+      that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
   bench [-- ARGS...]
       cargo bench -p tensorbridge-benches; ARGS go to criterion (-- --quick).
   demo [-- ARGS...]

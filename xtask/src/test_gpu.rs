@@ -10,7 +10,9 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{Steps, absolute, cargo, display, split_passthrough};
+use crate::ci::{PYTHON_CRATE, build_wheels};
+use crate::venv;
+use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 
 /// The test binaries of the GPU suite: (package, the feature that compiles them).
 const GPU_TESTS: &[(&str, &str)] = &[
@@ -54,11 +56,34 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         Ok(())
     })?;
     let binaries = steps.run("build (release, stripped)", build)?;
+    // The Python package's GPU suite runs against the wheel, like the CPU suite in `ci`.
+    let venv = venv::ensure(steps)?;
+    let wheels = build_wheels(steps, &venv)?;
+    let python = Python {
+        wheels,
+        tests: root().join(PYTHON_CRATE).join("tests"),
+        examples: root().join(PYTHON_CRATE).join("examples"),
+    };
     match bundle {
         Some(dir) => steps.run(&format!("bundle into {}", dir.display()), || {
-            write_bundle(dir, &binaries)
+            write_bundle(dir, &binaries, &python)
         }),
         None => {
+            steps.cmd(
+                "python: install the wheels",
+                venv.python_cmd()
+                    .args(["-m", "pip", "install", "--force-reinstall", "--no-deps"])
+                    .args(&python.wheels),
+            )?;
+            let mut pytest = venv.python_cmd();
+            pytest
+                .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir"])
+                .arg(&python.tests)
+                .arg(python.tests.join("test_native_smoke.py"));
+            if python.tests.join("gpu").is_dir() {
+                pytest.arg(python.tests.join("gpu"));
+            }
+            let gpu_suite = steps.cmd("python: pytest (GPU suite)", &mut pytest);
             let mut failed = Vec::new();
             for bin in &binaries {
                 let mut cmd = Command::new(&bin.path);
@@ -67,8 +92,11 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
                     failed.push(bin.name.as_str());
                 }
             }
+            if gpu_suite.is_err() {
+                failed.push("the Python GPU suite");
+            }
             if !failed.is_empty() {
-                bail!("GPU test binaries failed: {}", failed.join(", "));
+                bail!("GPU tests failed: {}", failed.join(", "));
             }
             Ok(())
         }
@@ -238,8 +266,45 @@ fn string_field(json: &str, key: &str) -> Option<String> {
     }
 }
 
-/// Makes `dir` afresh with the binaries and a `run.sh` that runs them all.
-fn write_bundle(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
+/// What the bundle carries for the Python package: the wheels (the package and the
+/// cookbook's example extension) and the pytest suites.
+struct Python {
+    wheels: Vec<PathBuf>,
+    /// `crates/tensorbridge-python/tests`: the GPU suite in `gpu/`, with the shared
+    /// `conftest.py` and helpers beside it.
+    tests: PathBuf,
+    /// `crates/tensorbridge-python/examples`: the cookbook's scripts and the demo, which the
+    /// GPU suite runs; in the bundle beside `python-tests`, as in the crate.
+    examples: PathBuf,
+}
+
+/// The bundle's folder for the Python tests.
+const BUNDLE_PYTHON_TESTS: &str = "python-tests";
+
+/// Copies a folder of Python tests (or scripts), leaving out caches.
+fn copy_tests(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let lossy = name.to_string_lossy();
+        if lossy == "__pycache__" || lossy.ends_with(".pyc") || lossy.starts_with('.') {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        if entry.file_type()?.is_dir() {
+            copy_tests(&src, &dst)?;
+        } else {
+            fs::copy(&src, &dst)
+                .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` afresh with the binaries, the wheel, the Python tests and a `run.sh` that runs
+/// them all.
+fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<()> {
     if dir.exists() {
         // Only replace what is clearly a bundle (or nothing): never wipe someone's folder.
         let is_empty = fs::read_dir(dir)
@@ -260,6 +325,14 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
         fs::copy(&bin.path, &to)
             .with_context(|| format!("copying {} to {}", bin.path.display(), to.display()))?;
     }
+    for wheel in &python.wheels {
+        let name = wheel.file_name().context("a wheel path has a file name")?;
+        fs::copy(wheel, dir.join(name)).with_context(|| format!("copying {}", wheel.display()))?;
+    }
+    copy_tests(&python.tests, &dir.join(BUNDLE_PYTHON_TESTS))?;
+    if python.examples.is_dir() {
+        copy_tests(&python.examples, &dir.join("examples"))?;
+    }
     let run_sh = dir.join("run.sh");
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
     fs::write(&run_sh, run_script(&names))
@@ -270,6 +343,10 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary]) -> Result<()> {
     let mut total = 0;
     for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            println!("{:>10}  {}/", "", entry.file_name().to_string_lossy());
+            continue;
+        }
         let len = entry.metadata()?.len();
         total += len;
         println!(
@@ -294,7 +371,9 @@ fn format_size(bytes: u64) -> String {
     }
 }
 
-/// The bundle's `run.sh`: runs every binary in `names` with the script's arguments.
+/// The bundle's `run.sh`: runs every binary in `names` with the script's arguments, then
+/// installs the wheel into `py/` and runs the Python GPU suite with `PYTHONPATH` (pytest's
+/// arguments come from `PYTEST_ARGS`).
 fn run_script(names: &[&str]) -> String {
     let binaries = names.join(" ");
     format!(
@@ -331,7 +410,25 @@ for bin in "${{binaries[@]}}"; do
         echo "FAILED: $bin"
     fi
 done
-echo "GPU bundle: ${{#binaries[@]}} binaries, $passed passed, $failed failed"
+
+# The Python package: install the wheels next to the bundle (no index, no dependencies: the
+# machine's environment has the frameworks) and run the GPU suite against it.
+echo "==> python: tensorbridge wheel and the GPU pytest suite"
+py="${{PYTHON:-python3}}"
+tests="$here/{BUNDLE_PYTHON_TESTS}"
+# The GPU suite, and the native smoke tests (their GPU half runs only where there is a GPU).
+suites=("$tests/test_native_smoke.py")
+[ -d "$tests/gpu" ] && suites+=("$tests/gpu")
+rm -rf "$here/py"
+if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl \
+    && PYTHONPATH="$here/py${{PYTHONPATH:+:$PYTHONPATH}}" "$py" -m pytest -q -p no:cacheprovider \
+        --rootdir "$tests" "${{suites[@]}}" ${{PYTEST_ARGS:-}}; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAILED: python GPU suite"
+fi
+echo "GPU bundle: ${{#binaries[@]}} binaries and the Python suite, $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 "#
     )

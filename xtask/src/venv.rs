@@ -80,6 +80,39 @@ impl Venv {
         Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
     }
 
+    /// `cargo`, run in the workspace root, with pyo3 pointed at this environment's Python
+    /// (`PYO3_PYTHON`), so every build agrees on the interpreter and nothing rebuilds.
+    pub(crate) fn cargo(&self) -> Command {
+        let mut cmd = crate::cargo();
+        cmd.env("PYO3_PYTHON", self.python());
+        cmd
+    }
+
+    /// The directory of the shared libpython that the environment's interpreter runs on,
+    /// which an embedding test binary needs at run time; `None` when the interpreter is
+    /// statically linked (or the library is missing), so nothing can be embedded.
+    pub(crate) fn libpython_dir(&self) -> Result<Option<PathBuf>> {
+        let out = self
+            .python_cmd()
+            .args([
+                "-c",
+                "import os, sysconfig as s; d = s.get_config_var('LIBDIR') or ''; \
+                 f = s.get_config_var('LDLIBRARY') or ''; \
+                 print(d if s.get_config_var('Py_ENABLE_SHARED') and \
+                 os.path.isfile(os.path.join(d, f)) else '')",
+            ])
+            .output()
+            .context("running the environment's python")?;
+        if !out.status.success() {
+            bail!(
+                "the environment's python could not report its libpython: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        Ok((!dir.is_empty()).then(|| PathBuf::from(dir)))
+    }
+
     /// The installed torch package (`<site-packages>/torch`): what torch-sys takes as
     /// `LIBTORCH`, with the shared libraries in its `lib`.
     pub(crate) fn torch_dir(&self) -> Result<PathBuf> {

@@ -1,0 +1,306 @@
+//! The copies `__dlpack__(copy=True)` and `__dlpack__(dl_device=(1, 0))` ask for.
+//!
+//! Host copies are compact, in C order, so every consumer takes them (negative strides
+//! abort torch 2.11's `from_dlpack`). Device copies take the bytes the source's strides
+//! reach, `[lowest, highest)`, verbatim into new device memory and keep the source's strides
+//! (element 0 at the same distance from the buffer's start): compacting would need a kernel.
+//! Either is writable and owned by nobody else (`IS_COPIED`).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use pyo3::prelude::*;
+use tensorbridge::{Access, Descriptor, Device, DeviceType, Stream, StreamRequest, Tensor};
+
+use crate::error::{Error, Result};
+
+/// A failed driver call, as the cudarc adapter reports them.
+fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
+    if result == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(tensorbridge_cudarc::Error::Driver { call, result }.into())
+    }
+}
+
+/// Makes device `ordinal`'s primary context current on this thread.
+fn bind(ordinal: u32) -> Result<()> {
+    let ctx = tensorbridge_cudarc::primary_context(ordinal)?;
+    // SAFETY: libcuda is loaded (a context exists) and `ctx` holds a retain of the context
+    // for the call.
+    check("cuCtxSetCurrent", unsafe {
+        sys::cuCtxSetCurrent(ctx.cu_ctx())
+    })
+}
+
+/// The ordinal whose primary context serves a tensor's memory (DLPack gives managed and
+/// pinned memory ordinal 0).
+fn ordinal(device: Device) -> u32 {
+    match device.kind {
+        DeviceType::Cuda => device.ordinal,
+        _ => 0,
+    }
+}
+
+/// The descriptor of a copy that keeps the source's layout: element 0 at the same distance
+/// from the start of a buffer at `base` that holds the source's span.
+fn describe_span(src: &Tensor, base: usize, device: Device) -> Result<Descriptor> {
+    let span = src.byte_span();
+    let first = if src.numel() == 0 {
+        base
+    } else {
+        base + (src.data_ptr() - span.start)
+    };
+    Ok(Descriptor::new(
+        first,
+        device,
+        src.dtype(),
+        src.packing(),
+        src.layout().with_byte_offset(0),
+        Access::ReadWrite,
+    )?)
+}
+
+/// A host buffer of `len` bytes, 8-byte aligned (enough for every dtype), as a tensor
+/// owner and its address.
+fn host_buffer(len: usize) -> Result<(tensorbridge::Owner, usize)> {
+    let words = len.div_ceil(8).max(1);
+    let buffer = Tensor::from_vec(vec![0u64; words], &[words as i64])?;
+    Ok((buffer.owner().clone(), buffer.data_ptr()))
+}
+
+/// Copies the elements of a layout whose element 0 is at `first` into `dst`, compact and in C
+/// order, `itemsize` bytes each.
+///
+/// # Safety
+/// 1. Every element the layout reaches from `first` is `itemsize` readable bytes.
+/// 2. `dst` is writable for `numel * itemsize` bytes and overlaps none of them.
+unsafe fn gather(first: usize, shape: &[i64], byte_strides: &[i64], itemsize: usize, dst: usize) {
+    let numel: i64 = shape.iter().product();
+    if numel == 0 {
+        return;
+    }
+    let mut index = vec![0i64; shape.len()];
+    let mut offset = 0i64;
+    let mut out = dst;
+    for _ in 0..numel {
+        // SAFETY: `first + offset` is an element the layout reaches (obligation 1); `out` is
+        // within the `numel * itemsize` writable bytes (obligation 2); no overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::with_exposed_provenance::<u8>(first.wrapping_add_signed(offset as isize)),
+                std::ptr::with_exposed_provenance_mut::<u8>(out),
+                itemsize,
+            );
+        }
+        out += itemsize;
+        // The next index in C order (an odometer), keeping `offset` in step.
+        for d in (0..shape.len()).rev() {
+            index[d] += 1;
+            offset += byte_strides[d];
+            if index[d] < shape[d] {
+                break;
+            }
+            offset -= byte_strides[d] * shape[d];
+            index[d] = 0;
+        }
+    }
+}
+
+/// A compact (C order) copy into host memory of a CPU, pinned, managed or CUDA device tensor,
+/// so that every consumer takes it (no negative or zero strides, no gaps). Device sources
+/// are copied on the legacy default stream after it waits (on the GPU) for the source's
+/// readiness, and the host then waits for the copy: the protocol asks the producer to
+/// synchronise for `dl_device=(1, 0)`. The GIL is released meanwhile.
+pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
+    let kind = src.device().kind;
+    if kind != DeviceType::Cpu && !kind.is_cuda_accessible() {
+        return Err(Error::CannotCopy {
+            device: src.device(),
+        });
+    }
+    let contiguous = src.layout().is_c_contiguous();
+    if !contiguous && src.dtype().is_subbyte() && src.packing() == tensorbridge::Packing::Packed {
+        return Err(Error::CannotCopy {
+            device: src.device(),
+        });
+    }
+    let len = usize::try_from(src.nbytes()).map_err(|_| tensorbridge::Error::Overflow {
+        what: "number of bytes",
+    })?;
+    let (owner, base) = host_buffer(len)?;
+    let span = src.byte_span();
+    // Where the source's elements can be read on the host (element 0's address): the source
+    // itself, or a staging copy of its span from device memory; `None` when the span was
+    // already copied into the result (a contiguous device tensor).
+    let mut _staging = None;
+    let readable = if kind == DeviceType::Cpu || span.is_empty() {
+        Some(src.data_ptr())
+    } else if contiguous {
+        device_to_host(py, src, span.start, base, len)?;
+        None
+    } else {
+        let (staging, at) = host_buffer(span.len())?;
+        device_to_host(py, src, span.start, at, span.len())?;
+        _staging = Some(staging);
+        Some(at + (src.data_ptr() - span.start))
+    };
+    if let Some(first) = readable
+        && len > 0
+    {
+        let shape = src.shape().to_vec();
+        let strides = src.strides_bytes()?;
+        let itemsize = src.dtype().storage_bits(src.packing()).div_ceil(8) as usize;
+        py.detach(|| {
+            if contiguous {
+                // SAFETY: the compact elements are the `len` bytes at `first` (readable host
+                // memory: the source, kept by `src`); the result is a fresh buffer of at
+                // least `len` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        std::ptr::with_exposed_provenance::<u8>(first),
+                        std::ptr::with_exposed_provenance_mut::<u8>(base),
+                        len,
+                    );
+                }
+            } else {
+                // SAFETY: every element the layout reaches from `first` lies in readable host
+                // memory (the source's validated span, or the staging copy of it, alive until
+                // the end of this function); the result holds `numel * itemsize` = `len`
+                // bytes and is fresh.
+                unsafe { gather(first, &shape, &strides, itemsize, base) };
+            }
+        });
+    }
+    let desc = Descriptor::new(
+        base,
+        Device::CPU,
+        src.dtype(),
+        src.packing(),
+        tensorbridge::Layout::row_major(src.shape())?,
+        Access::ReadWrite,
+    )?;
+    // SAFETY: `owner` keeps the host buffer (holding the compact elements, written above)
+    // alive and writable; nothing else references it.
+    Ok(unsafe { Tensor::from_descriptor(desc, owner) })
+}
+
+/// Copies `len` bytes of device-accessible memory at `from` (inside `src`'s span) to host
+/// memory at `to`, ordered after `src`'s readiness, and waits for the copy.
+fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usize) -> Result<()> {
+    let legacy = Stream::LegacyDefault;
+    // SAFETY: the legacy default stream is always a live stream of the device's primary
+    // context.
+    unsafe { tensorbridge_cudarc::make_ready_on(src, legacy) }?;
+    bind(ordinal(src.device()))?;
+    py.detach(|| -> Result<()> {
+        // SAFETY: the context is current; `from..from+len` lies in the source's span,
+        // device-accessible memory kept alive by `src`; `to` is a fresh host buffer of at
+        // least `len` bytes; the copy is ordered after the source's producer (the wait above)
+        // and finished before we return.
+        check("cuMemcpyAsync", unsafe {
+            sys::cuMemcpyAsync(
+                to as sys::CUdeviceptr,
+                from as sys::CUdeviceptr,
+                len,
+                tensorbridge_cudarc::raw_stream(legacy),
+            )
+        })?;
+        // SAFETY: the legacy default stream of the current context.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(tensorbridge_cudarc::raw_stream(legacy))
+        })
+    })
+}
+
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` when the copy's last user is gone.
+struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    ordinal: u32,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // `cuMemFree` waits for work still using the memory before it frees it, so a
+        // consumer that drops the copy while its kernels run does not free it under them.
+        // Errors leave nothing to undo: the memory is then leaked.
+        if self.ptr != 0 && bind(self.ordinal).is_ok() {
+            // SAFETY: `ptr` came from `cuMemAlloc` in this device's primary context (now
+            // current) and is freed once, here.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A copy of a CUDA device tensor into new device memory on the same device, enqueued on the
+/// consumer's stream after it waits (on the GPU) for the source's readiness; for
+/// [`StreamRequest::NoSync`] the copy runs on the legacy default stream and the host waits
+/// for it. Never blocks the host otherwise.
+///
+/// # Safety
+/// 1. A [`StreamRequest::Stream`] names a live stream of the tensor's device's primary
+///    context for the duration of the call.
+pub(crate) unsafe fn on_device(
+    py: Python<'_>,
+    src: &Tensor,
+    consumer: StreamRequest,
+) -> Result<Tensor> {
+    let device = src.device();
+    if device.kind != DeviceType::Cuda {
+        return Err(Error::CannotCopy { device });
+    }
+    crate::view::refuse_negative_strides(src)?;
+    let span = src.byte_span();
+    let len = span.len();
+    let stream = match consumer {
+        StreamRequest::Stream(s) => s,
+        StreamRequest::NoSync => Stream::LegacyDefault,
+    };
+    // SAFETY: `stream` is live for the call (obligation 1, or the legacy default stream).
+    unsafe { tensorbridge_cudarc::make_ready_on(src, stream) }?;
+    bind(device.ordinal)?;
+    let mut ptr: sys::CUdeviceptr = 0;
+    if len > 0 {
+        // SAFETY: the context is current; `ptr` is a live local the driver writes.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len) })?;
+    }
+    let buffer = Arc::new(DeviceBuffer {
+        ptr,
+        ordinal: device.ordinal,
+    });
+    if len > 0 {
+        let from = span.start as sys::CUdeviceptr;
+        py.detach(|| -> Result<()> {
+            let raw = tensorbridge_cudarc::raw_stream(stream);
+            // SAFETY: the context is current; the source span is live device memory (kept by
+            // `src`), the destination a fresh allocation of `len` bytes; `raw` is live for
+            // the call (obligation 1); the copy is ordered after the source's producer by
+            // the wait enqueued on the same stream above.
+            check("cuMemcpyAsync", unsafe {
+                sys::cuMemcpyAsync(ptr, from, len, raw)
+            })?;
+            if consumer == StreamRequest::NoSync {
+                // SAFETY: as above.
+                check("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(raw)
+                })?;
+            }
+            Ok(())
+        })?;
+    }
+    let desc = describe_span(src, ptr as usize, device)?;
+    // SAFETY: `buffer` keeps the allocation (holding the span, being written on the
+    // consumer's stream, which is where the consumer reads it) alive until the copy's last
+    // user drops it; nothing else references it.
+    Ok(unsafe { Tensor::from_descriptor(desc, buffer) })
+}
+
+/// A copy of a host tensor into new host memory.
+pub(crate) fn host_to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
+    if src.device().kind != DeviceType::Cpu {
+        return Err(Error::CannotCopy {
+            device: src.device(),
+        });
+    }
+    to_host(py, src)
+}

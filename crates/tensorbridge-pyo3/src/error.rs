@@ -1,0 +1,366 @@
+//! The crate's one error type and its one mapping to Python exceptions.
+
+use pyo3::PyErr;
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use tensorbridge::Device;
+
+/// Everything this crate refuses. Messages say what was expected and what was found; the
+/// adapters' errors pass through unchanged, and a Python exception raised by a producer
+/// (inside `__dlpack__`, say) travels as [`Error::Python`].
+///
+/// `From<Error> for PyErr` is the one place that picks the Python exception: `TypeError` for
+/// objects of the wrong kind, `ValueError` for bad values (dtype names, shapes, strides,
+/// pointers, streams), `BufferError` for DLPack protocol problems (used capsules, refused
+/// copies, read-only data to a writer), `RuntimeError` for failing CUDA driver calls.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A refusal of the core (layout, alignment, dtype or device names, streams...).
+    #[error(transparent)]
+    Core(#[from] tensorbridge::Error),
+    /// A refusal of the DLPack adapter (versions, flags, null shape or strides...).
+    #[error(transparent)]
+    Dlpack(#[from] tensorbridge_dlpack::Error),
+    /// A refusal of the CUDA Array Interface / array interface adapter.
+    #[error(transparent)]
+    Cai(#[from] tensorbridge_cai::Error),
+    /// A refusal of the cudarc adapter (pointer checks, driver calls, stream hand-off).
+    #[error(transparent)]
+    Cuda(#[from] tensorbridge_cudarc::Error),
+    /// An exception raised by Python code this crate called (a producer's `__dlpack__`, a
+    /// dict lookup...), passed on as it is.
+    #[error(transparent)]
+    Python(#[from] PyErr),
+
+    // ---- what kind of object ----
+    /// An object that implements none of the protocols.
+    #[error(
+        "cannot view an object of type {type_name}: it has no DLPack C exchange API, __dlpack__, __cuda_array_interface__, __array_interface__ or buffer interface, and is not a DLPack capsule (expected a tensor or array from a framework, a DLPack capsule, or a buffer)"
+    )]
+    NotATensor {
+        /// `type(obj).__qualname__`, with its module.
+        type_name: String,
+    },
+    /// A capsule that is not a DLPack capsule.
+    #[error(
+        "a capsule named {name:?} is not a DLPack tensor (expected \"dltensor\" or \"dltensor_versioned\")"
+    )]
+    CapsuleName {
+        /// The capsule's name (`None` for an unnamed capsule).
+        name: Option<String>,
+    },
+    /// A DLPack capsule that was consumed already.
+    #[error(
+        "the DLPack capsule was already consumed (its name is {name:?}; expected an unused \"dltensor\" or \"dltensor_versioned\" capsule: a capsule can be imported once)"
+    )]
+    UsedCapsule {
+        /// The capsule's name, `used_dltensor` or `used_dltensor_versioned`.
+        name: String,
+    },
+    /// `__dlpack__` returned something that is not a DLPack capsule.
+    #[error("{type_name}.__dlpack__ returned a {found} (expected a DLPack capsule)")]
+    NotACapsule {
+        /// The producer's type.
+        type_name: String,
+        /// The type of what it returned.
+        found: String,
+    },
+    /// A dtype argument that is no dtype at all.
+    #[error(
+        "a {type_name} is not a dtype (expected a dtype name, a NumPy or ml_dtypes dtype or type, a torch dtype, or float/int/bool/complex)"
+    )]
+    NotADType {
+        /// The argument's type.
+        type_name: String,
+    },
+    /// A pointer argument that is no int.
+    #[error("a {type_name} is not a pointer (expected an int address)")]
+    NotAPointer {
+        /// The argument's type.
+        type_name: String,
+    },
+    /// A negative pointer.
+    #[error("pointer {value} is negative (expected an address >= 0)")]
+    NegativePointer {
+        /// The value given.
+        value: i64,
+    },
+    /// A device argument of the wrong kind.
+    #[error(
+        "a {type_name} is not a device (expected a string like \"cpu\", \"cuda\" or \"cuda:1\", or a (device_type, device_id) tuple)"
+    )]
+    NotADevice {
+        /// The argument's type.
+        type_name: String,
+    },
+
+    // ---- bad values ----
+    /// A dtype name with two meanings.
+    #[error(
+        "dtype name {name:?} is ambiguous ({meanings}); expected an explicit name like \"int32\" or \"int64\""
+    )]
+    AmbiguousDType {
+        /// The name given.
+        name: String,
+        /// What it means where.
+        meanings: &'static str,
+    },
+    /// A dtype of a Python framework with no DLPack counterpart.
+    #[error(
+        "dtype {name} has no DLPack equivalent (expected a name the core knows, like \"float32\")"
+    )]
+    UnsupportedDType {
+        /// The framework's name for it.
+        name: String,
+    },
+    /// A byte order other than the machine's.
+    #[error("dtype {name} is big-endian (expected native byte order)")]
+    NonNativeDType {
+        /// The dtype as given.
+        name: String,
+    },
+    /// A buffer-protocol format string with no core dtype.
+    #[error(
+        "buffer format {format:?} has no core dtype (expected one of ?bBhHiIlLqQefdFD or Zf/Zd, in native byte order)"
+    )]
+    BufferFormat {
+        /// The format string.
+        format: String,
+    },
+    /// A buffer with sub-buffers (PIL-style indirect arrays).
+    #[error("the buffer uses suboffsets (expected a plain strided buffer)")]
+    Suboffsets,
+    /// A stream given for memory that has no streams.
+    #[error(
+        "a stream ({value}) was given for memory on {device} (expected None: only CUDA memory has streams)"
+    )]
+    StreamOnHost {
+        /// The stream integer.
+        value: i64,
+        /// The device.
+        device: Device,
+    },
+    /// A stream value of the wrong Python type.
+    #[error("stream must be None or an int (found a {type_name})")]
+    StreamType {
+        /// The argument's type.
+        type_name: String,
+    },
+    /// A stream integer no convention can carry.
+    #[error(
+        "stream {repr} does not fit a 64-bit integer (expected None, -1, 1, 2 or a stream handle)"
+    )]
+    StreamRange {
+        /// `repr` of the value.
+        repr: String,
+    },
+    /// A `from_ptr` on a CUDA device where no driver can check the pointer.
+    #[error(
+        "cannot check device pointer {addr:#x} on {device}: no CUDA driver could be loaded (expected an NVIDIA driver: CUDA pointers that cannot be checked are refused)"
+    )]
+    Unchecked {
+        /// The pointer.
+        addr: usize,
+        /// The device claimed.
+        device: Device,
+    },
+    /// A NumPy masked array with masked elements: every protocol would show them as valid.
+    #[error(
+        "masked arrays cannot be viewed: {masked} of {total} elements are masked and every protocol would show them as valid (expected arr.filled(value) or arr.data)"
+    )]
+    Masked {
+        /// Masked elements.
+        masked: u64,
+        /// All elements.
+        total: u64,
+    },
+    /// A required key missing from an interface dict.
+    #[error("{interface} has no {key:?} key (expected {expected})")]
+    MissingKey {
+        /// `__cuda_array_interface__` or `__array_interface__`.
+        interface: &'static str,
+        /// The key.
+        key: &'static str,
+        /// What the interface requires there.
+        expected: &'static str,
+    },
+    /// A `release` argument that cannot be called.
+    #[error("release must be callable with no arguments (found a {type_name})")]
+    NotCallable {
+        /// The argument's type.
+        type_name: String,
+    },
+    /// A host device with an ordinal other than 0.
+    #[error("{device} is not a host device (expected ordinal 0 for host memory: \"cpu\")")]
+    HostOrdinal {
+        /// The device given.
+        device: Device,
+    },
+    /// A key of an interface dict with a value of the wrong kind.
+    #[error("{interface}[{key:?}] must be {expected} (found {found})")]
+    InterfaceKey {
+        /// `__cuda_array_interface__` or `__array_interface__`.
+        interface: &'static str,
+        /// The key.
+        key: &'static str,
+        /// What the interface allows.
+        expected: &'static str,
+        /// What was there.
+        found: String,
+    },
+    /// An interface attribute that is not a dict.
+    #[error("{interface} must be a dict (found a {found})")]
+    InterfaceNotDict {
+        /// `__cuda_array_interface__` or `__array_interface__`.
+        interface: &'static str,
+        /// Its type.
+        found: String,
+    },
+    /// A `max_version` that is not a `(major, minor)` pair of non-negative ints.
+    #[error("max_version must be None or a (major, minor) tuple of ints (found {found})")]
+    MaxVersion {
+        /// `repr` of what was given.
+        found: String,
+    },
+
+    // ---- DLPack protocol ----
+    /// `__dlpack__(dl_device=...)` to a device this view cannot reach.
+    #[error(
+        "cannot export memory on {device} to DLPack device {requested:?} (expected {own:?}{})",
+        if device.kind.is_cuda_accessible() { ", or (1, 0) for a copy to the host" } else { "" }
+    )]
+    UnsupportedDlDevice {
+        /// The `(device_type, device_id)` asked for.
+        requested: (i32, i32),
+        /// The view's `(device_type, device_id)`.
+        own: (i32, i32),
+        /// The view's device.
+        device: Device,
+    },
+    /// `copy=False` where only a copy can serve the request.
+    #[error(
+        "copy=False but exporting memory on {device} to DLPack device {requested:?} needs a copy (expected copy=None or copy=True)"
+    )]
+    CopyRefused {
+        /// The device asked for.
+        requested: (i32, i32),
+        /// The view's device.
+        device: Device,
+    },
+    /// A negative stride, which DLPack consumers cannot all take.
+    #[error(
+        "dimension {dim} has negative stride {stride}: DLPack consumers cannot all take negative strides (torch 2.11's from_dlpack aborts the process), so __dlpack__ refuses them (expected copy=True for a compact copy, or np.asarray(view) / __cuda_array_interface__ for zero-copy access)"
+    )]
+    NegativeStrides {
+        /// The dimension.
+        dim: usize,
+        /// Its stride in elements.
+        stride: i64,
+    },
+    /// A read-only view asked for as a legacy capsule, which cannot say read-only.
+    #[error(
+        "the view is read-only but a legacy DLPack capsule (asked for without max_version) has no read-only flag (expected max_version=(1, 0) or later, or copy=True)"
+    )]
+    ReadOnlyLegacy,
+    /// A copy this crate cannot make.
+    #[error(
+        "cannot copy memory on {device} (expected cpu or cuda memory; pinned and managed memory copy only to the host; non-contiguous packed sub-byte data does not copy)"
+    )]
+    CannotCopy {
+        /// The view's device.
+        device: Device,
+    },
+    /// A DLPack C exchange API table that could not be used.
+    #[error("{type_name}'s DLPack C exchange API is unusable: {problem}")]
+    Exchange {
+        /// The producer's type.
+        type_name: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+}
+
+/// The Python exception for a refusal of the core: `TypeError` for element types the core
+/// does not know (STYLE: wrong kinds and dtypes), `BufferError` for data that is not ready or
+/// writable, `ValueError` for the rest.
+fn core_exception(core: &tensorbridge::Error, msg: String) -> PyErr {
+    use tensorbridge::Error as Core;
+    match core {
+        Core::UnknownDTypeCode { .. }
+        | Core::InvalidBits { .. }
+        | Core::ZeroLanes { .. }
+        | Core::DTypeMismatch { .. } => PyTypeError::new_err(msg),
+        Core::ReadOnly | Core::NotReady | Core::NotHostAccessible { .. } => {
+            PyBufferError::new_err(msg)
+        }
+        _ => PyValueError::new_err(msg),
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        use tensorbridge::Error as Core;
+        use tensorbridge_cudarc::Error as Cuda;
+        use tensorbridge_dlpack::Error as Dlpack;
+        let msg = e.to_string();
+        match e {
+            Error::Python(err) => err,
+            Error::Core(core) => core_exception(&core, msg),
+            // A DLPack producer's device this version cannot name: data the consumer cannot
+            // take (PROTOCOLS.md 2.7).
+            Error::Dlpack(Dlpack::Core(
+                Core::UnknownDeviceType { .. } | Core::NegativeDeviceId { .. },
+            )) => PyBufferError::new_err(msg),
+            Error::Dlpack(Dlpack::Core(core)) => core_exception(&core, msg),
+            // Malformed layouts are bad values; versions and flags are protocol problems.
+            Error::Dlpack(
+                Dlpack::NegativeRank { .. }
+                | Dlpack::NullShape { .. }
+                | Dlpack::NullStrides { .. }
+                | Dlpack::RankTooLarge { .. },
+            ) => PyValueError::new_err(msg),
+            Error::Dlpack(_) => PyBufferError::new_err(msg),
+            Error::Cai(tensorbridge_cai::Error::Core(core)) => core_exception(&core, msg),
+            Error::Cai(_) => PyValueError::new_err(msg),
+            Error::Cuda(Cuda::Driver { .. } | Cuda::Signal(_) | Cuda::NoDriver) => {
+                PyRuntimeError::new_err(msg)
+            }
+            Error::Cuda(Cuda::Core(core)) => core_exception(&core, msg),
+            // Pointer checks, devices and layouts: bad values.
+            Error::Cuda(_) => PyValueError::new_err(msg),
+            Error::NotATensor { .. }
+            | Error::CapsuleName { .. }
+            | Error::NotACapsule { .. }
+            | Error::NotADType { .. }
+            | Error::NotADevice { .. }
+            | Error::NotAPointer { .. }
+            | Error::NotCallable { .. }
+            | Error::InterfaceNotDict { .. }
+            | Error::InterfaceKey { .. }
+            | Error::StreamType { .. } => PyTypeError::new_err(msg),
+            Error::AmbiguousDType { .. }
+            | Error::UnsupportedDType { .. }
+            | Error::NonNativeDType { .. }
+            | Error::BufferFormat { .. }
+            | Error::Suboffsets
+            | Error::StreamOnHost { .. }
+            | Error::StreamRange { .. }
+            | Error::Unchecked { .. }
+            | Error::MaxVersion { .. }
+            | Error::NegativePointer { .. }
+            | Error::HostOrdinal { .. }
+            | Error::MissingKey { .. }
+            | Error::Masked { .. } => PyValueError::new_err(msg),
+            Error::UsedCapsule { .. }
+            | Error::UnsupportedDlDevice { .. }
+            | Error::CopyRefused { .. }
+            | Error::CannotCopy { .. }
+            | Error::NegativeStrides { .. }
+            | Error::ReadOnlyLegacy
+            | Error::Exchange { .. } => PyBufferError::new_err(msg),
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

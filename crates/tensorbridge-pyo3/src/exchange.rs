@@ -1,0 +1,180 @@
+//! The DLPack C exchange API: a table of C functions a producer type publishes
+//! (`type(obj).__dlpack_c_exchange_api__`, a capsule named `dlpack_exchange_api`, DLPack 1.3;
+//! or `__c_dlpack_exchange_api__`, the table's address as an int, DLPack 1.2), through which
+//! a consumer gets a managed tensor without a Python-level `__dlpack__` call. PyTorch 2.11
+//! publishes both.
+//!
+//! The table's functions do no stream synchronisation ("no_sync"): the producer's data is
+//! ready on its current work stream, which `current_work_stream` names. The importer orders
+//! the caller's stream after that stream before the call returns, while the stream is
+//! certainly alive.
+
+use std::ffi::{CStr, c_void};
+use std::ptr::NonNull;
+
+use pyo3::exceptions::PyAttributeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyInt};
+use tensorbridge::Stream;
+use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
+use tensorbridge_dlpack::ffi::{DLDeviceType, DLManagedTensorVersioned};
+
+use crate::convert::type_name;
+use crate::error::{Error, Result};
+
+const CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
+
+/// A producer type's exchange table, of a major version this crate reads.
+#[derive(Clone, Copy)]
+pub(crate) struct ExchangeApi {
+    /// Static, process-lifetime storage (the protocol's promise); read-only.
+    api: NonNull<DLPackExchangeAPI>,
+}
+
+/// Walks `prev_api` from the newest table to one of major version 1, if any.
+///
+/// # Safety
+/// 1. `api` is null or points to a producer's exchange table that lives for the process,
+///    whose `prev_api` chain does the same.
+unsafe fn compatible(api: *mut DLPackExchangeAPI) -> Option<NonNull<DLPackExchangeAPI>> {
+    // A bound against a (spec-violating) cyclic chain.
+    const MAX_DEPTH: usize = 16;
+    let mut header = api.cast::<DLPackExchangeAPIHeader>();
+    for _ in 0..MAX_DEPTH {
+        let h = NonNull::new(header)?;
+        // SAFETY: a live table's header (obligation 1).
+        let h = unsafe { h.as_ref() };
+        if h.version.major == tensorbridge_dlpack::ffi::DLPACK_MAJOR_VERSION {
+            return NonNull::new(header.cast());
+        }
+        header = h.prev_api;
+    }
+    None
+}
+
+/// `type(obj)`'s exchange table, if it publishes a usable one.
+///
+/// A table of a major version this crate does not read is no table: the importer falls back
+/// to `__dlpack__`, which such producers implement too.
+pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
+    let py = obj.py();
+    let ty = obj.get_type();
+    let problem = |problem| Error::Exchange {
+        type_name: type_name(obj),
+        problem,
+    };
+    let raw: *mut c_void = match ty.getattr(pyo3::intern!(py, "__dlpack_c_exchange_api__")) {
+        Ok(capsule) => {
+            let capsule = capsule
+                .cast::<PyCapsule>()
+                .map_err(|_| problem("__dlpack_c_exchange_api__ is not a capsule"))?;
+            capsule
+                .pointer_checked(Some(CAPSULE_NAME))
+                .map_err(|_| problem("the capsule is not named \"dlpack_exchange_api\""))?
+                .as_ptr()
+        }
+        Err(e) if e.is_instance_of::<PyAttributeError>(py) => {
+            match ty.getattr(pyo3::intern!(py, "__c_dlpack_exchange_api__")) {
+                Ok(int) => {
+                    let addr: usize = int
+                        .cast::<PyInt>()
+                        .map_err(|_| problem("__c_dlpack_exchange_api__ is not an int"))?
+                        .extract()
+                        .map_err(|_| problem("__c_dlpack_exchange_api__ is not an address"))?;
+                    std::ptr::with_exposed_provenance_mut(addr)
+                }
+                Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // SAFETY: the producer type publishes a static, process-lifetime table (DLPack 1.2/1.3:
+    // "must stay alive throughout the lifetime of the process"), or null.
+    let api = unsafe { compatible(raw.cast()) };
+    Ok(api.map(|api| ExchangeApi { api }))
+}
+
+/// Whether the exchange API may be used for `obj`: not for tensors the producer's
+/// `__dlpack__` refuses (PyTorch: tensors that require grad, and tensors with a lazy
+/// conjugate or negative bit, whose memory does not hold the values the tensor shows). The
+/// table's functions skip those checks, so such tensors take `__dlpack__`, which raises.
+pub(crate) fn eligible(obj: &Bound<'_, PyAny>) -> Result<bool> {
+    let py = obj.py();
+    if let Ok(grad) = obj.getattr(pyo3::intern!(py, "requires_grad"))
+        && grad.is_truthy()?
+    {
+        return Ok(false);
+    }
+    for bit in [pyo3::intern!(py, "is_conj"), pyo3::intern!(py, "is_neg")] {
+        if let Ok(method) = obj.getattr(bit)
+            && method.call0()?.is_truthy()?
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+impl ExchangeApi {
+    fn table(&self) -> &DLPackExchangeAPI {
+        // SAFETY: a live, static table that nobody mutates (see `find`).
+        unsafe { self.api.as_ref() }
+    }
+
+    /// An owning managed tensor of `obj`, whose type the table was found on.
+    pub(crate) fn managed_tensor(
+        &self,
+        obj: &Bound<'_, PyAny>,
+    ) -> Result<NonNull<DLManagedTensorVersioned>> {
+        let missing = |problem| Error::Exchange {
+            type_name: type_name(obj),
+            problem,
+        };
+        let from_py = self
+            .table()
+            .managed_tensor_from_py_object_no_sync
+            .ok_or_else(|| missing("managed_tensor_from_py_object_no_sync is null"))?;
+        let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+        // SAFETY: attached; `obj` is a live object of the type the table came from (the
+        // protocol's requirement), `out` a live local the function writes one pointer to.
+        let rc = unsafe { from_py(obj.as_ptr().cast(), &mut out) };
+        if rc != 0 {
+            return Err(PyErr::take(obj.py()).map(Error::from).unwrap_or_else(|| {
+                missing("managed_tensor_from_py_object_no_sync failed without an exception")
+            }));
+        }
+        NonNull::new(out)
+            .ok_or_else(|| missing("managed_tensor_from_py_object_no_sync returned a null tensor"))
+    }
+
+    /// The producer's current work stream on a CUDA device, as the core names it (null and
+    /// `0x1` are the legacy default stream, `0x2` the per-thread one, as the runtime API
+    /// that PyTorch and CuPy use reads them).
+    pub(crate) fn current_work_stream(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        device_type: i32,
+        device_id: i32,
+    ) -> Result<Stream> {
+        let missing = |problem| Error::Exchange {
+            type_name: type_name(obj),
+            problem,
+        };
+        let current = self
+            .table()
+            .current_work_stream
+            .ok_or_else(|| missing("current_work_stream is null"))?;
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // Known device codes are 1 to 18: the cast keeps them.
+        let device_type = DLDeviceType(device_type as u32);
+        // SAFETY: attached; `out` is a live local the function writes one pointer to.
+        let rc = unsafe { current(device_type, device_id, &mut out) };
+        if rc != 0 {
+            return Err(PyErr::take(obj.py())
+                .map(Error::from)
+                .unwrap_or_else(|| missing("current_work_stream failed without an exception")));
+        }
+        Ok(tensorbridge_cudarc::stream_from_raw(out.cast()))
+    }
+}

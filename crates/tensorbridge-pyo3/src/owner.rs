@@ -1,0 +1,161 @@
+//! Owners that keep Python objects alive behind a [`Tensor`](tensorbridge::Tensor): the
+//! producer object, a held buffer-protocol view, a `release` callback.
+//!
+//! A tensor's owner is dropped wherever its last clone goes: on a thread holding the GIL, on
+//! one that does not (a DLPack consumer may call our deleter from any thread), or while
+//! Python shuts down. So every drop here attaches to the interpreter itself
+//! ([`Python::try_attach`]), keeps any exception that is in flight, and, when the interpreter
+//! is gone, leaks rather than touches it. Attaching matters even where the GIL is held: a
+//! DLPack consumer calls our deleter from C with the GIL but not through pyo3, and a bare
+//! `Py<PyAny>` dropped there would only be queued for the next time pyo3 attaches, keeping
+//! the producer alive until some unrelated call.
+
+use std::ptr::NonNull;
+
+use pyo3::prelude::*;
+use tensorbridge::Owner;
+
+use crate::ffi::{Py_buffer, PyBuffer_Release};
+
+/// Releases a Python reference now: attached, so the object is freed at once (not queued).
+/// Leaks it when the interpreter is gone.
+fn release_now(object: Py<PyAny>) {
+    let mut object = Some(object);
+    let done = Python::try_attach(|py| {
+        let pending = PyErr::take(py);
+        drop(object.take());
+        if let Some(pending) = pending {
+            pending.restore(py);
+        }
+    });
+    if done.is_none() {
+        std::mem::forget(object);
+    }
+}
+
+/// Keeps a Python object alive, and with it whatever owned the memory before (`inner`).
+pub(crate) struct KeepAlive {
+    /// The previous owner (a DLPack import's deleter, a held buffer...), dropped first.
+    inner: Option<Owner>,
+    /// Held so that the producer lives as long as the tensor; taken only by `drop`.
+    object: Option<Py<PyAny>>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        if let Some(object) = self.object.take() {
+            release_now(object);
+        }
+    }
+}
+
+impl KeepAlive {
+    /// An owner that holds `object`, and `inner` (dropped before `object` is released).
+    pub(crate) fn owner(object: Py<PyAny>, inner: Option<Owner>) -> Owner {
+        std::sync::Arc::new(KeepAlive {
+            inner,
+            object: Some(object),
+        })
+    }
+}
+
+/// `from_ptr`'s owner: calls `release()` exactly once when dropped, then lets `owner` go.
+pub(crate) struct Release {
+    callback: Option<Py<PyAny>>,
+    /// Held until the callback has run; taken only by `drop`.
+    owner: Option<Py<PyAny>>,
+}
+
+impl Release {
+    pub(crate) fn owner(callback: Option<Py<PyAny>>, owner: Option<Py<PyAny>>) -> Owner {
+        std::sync::Arc::new(Release { callback, owner })
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.call();
+        if let Some(owner) = self.owner.take() {
+            release_now(owner);
+        }
+    }
+}
+
+impl Release {
+    /// Calls the callback, once, attached; when the interpreter is gone or going it cannot
+    /// run, and the memory it would have released goes with the process.
+    fn call(&mut self) {
+        let Some(callback) = self.callback.take() else {
+            return;
+        };
+        let mut callback = Some(callback);
+        let called = Python::try_attach(|py| {
+            let Some(callback) = callback.take() else {
+                return;
+            };
+            // An exception may be in flight (a capsule destructor runs while one unwinds):
+            // keep it, so the callback neither sees nor clears it.
+            let pending = PyErr::take(py);
+            if let Err(err) = callback.call0(py) {
+                // Nobody to raise to: report it the way CPython reports errors in finalizers.
+                err.write_unraisable(py, Some(callback.bind(py)));
+            }
+            drop(callback);
+            if let Some(pending) = pending {
+                pending.restore(py);
+            }
+        });
+        if called.is_none() {
+            std::mem::forget(callback);
+        }
+    }
+}
+
+/// A buffer held through the buffer protocol: released (`PyBuffer_Release`) once, when the
+/// last tensor using it is dropped.
+pub(crate) struct HeldBuffer {
+    /// Boxed before `PyObject_GetBuffer` fills it and never moved: exporters may point
+    /// `shape` into the struct itself (`PyBuffer_FillInfo` points it at `len`).
+    view: NonNull<Py_buffer>,
+}
+
+impl HeldBuffer {
+    /// Takes over a filled buffer view.
+    ///
+    /// # Safety
+    /// 1. `view` came from `Box::into_raw`, and `PyObject_GetBuffer` filled it successfully;
+    ///    nothing else releases it or frees the box.
+    pub(crate) unsafe fn new(view: NonNull<Py_buffer>) -> HeldBuffer {
+        HeldBuffer { view }
+    }
+
+    /// The filled struct.
+    pub(crate) fn view(&self) -> &Py_buffer {
+        // SAFETY: the box is live until `drop` and only read through shared references.
+        unsafe { self.view.as_ref() }
+    }
+}
+
+impl Drop for HeldBuffer {
+    fn drop(&mut self) {
+        let view = self.view.as_ptr();
+        let released = Python::try_attach(|_py| {
+            // SAFETY: attached to the interpreter; `view` was filled by `PyObject_GetBuffer`
+            // (`new`'s obligation 1) and is released exactly once, here.
+            unsafe { PyBuffer_Release(view) };
+        });
+        if released.is_some() {
+            // SAFETY: the box came from `Box::into_raw` (obligation 1) and is freed once.
+            drop(unsafe { Box::from_raw(view) });
+        }
+        // Otherwise the interpreter is gone: leak the view rather than touch it.
+    }
+}
+
+// SAFETY: the view is touched only by `view()` (reads of plain fields) and by `drop`, which
+// attaches to the interpreter before releasing it; the buffer protocol allows releasing a
+// view from any thread that holds the GIL.
+unsafe impl Send for HeldBuffer {}
+// SAFETY: shared access only reads the filled struct, which nothing mutates until `drop`.
+unsafe impl Sync for HeldBuffer {}

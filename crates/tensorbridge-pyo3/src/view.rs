@@ -1,0 +1,307 @@
+//! `tensorbridge.View`: a [`Tensor`] as a Python object that every framework can take
+//! (DLPack with the full array API signature, the CUDA Array Interface on CUDA, NumPy's
+//! array interface on the host).
+
+use pyo3::exceptions::PyAttributeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
+use tensorbridge::{DeviceType, StreamConvention, StreamRequest, Tensor, stream_from_wire};
+use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
+use tensorbridge_dlpack::ffi::DlpackFlags;
+use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
+
+use crate::capsule::{legacy_capsule, versioned_capsule};
+use crate::convert::stream_from_py;
+use crate::copy;
+use crate::error::{Error, Result};
+use crate::interfaces::{array_to_py, cai_to_py};
+
+/// A zero-copy view of tensor memory that someone else owns, which keeps that memory (and
+/// the object it came from) alive while the view, or anything made from it, lives.
+///
+/// Made by `tensorbridge.asview` and `tensorbridge.from_ptr` in Python, and by
+/// [`into_py`](crate::into_py) in Rust. Immutable: every attribute is fixed at creation.
+#[pyclass(module = "tensorbridge", name = "View", frozen)]
+pub struct View {
+    tensor: Tensor,
+}
+
+impl View {
+    /// A view of `tensor`.
+    pub fn new(tensor: Tensor) -> View {
+        View { tensor }
+    }
+
+    /// The tensor this view shows.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// `__dlpack__` with its arguments parsed.
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<i64>,
+        versioned: bool,
+        requested: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> Result<Bound<'py, PyCapsule>> {
+        let t = &self.tensor;
+        let device = t.device();
+        let own = device.to_dlpack()?;
+        let requested = requested.unwrap_or(own);
+        let to_host = requested != own;
+        if to_host
+            && !(requested == (DeviceType::Cpu.code(), 0) && device.kind.is_cuda_accessible())
+        {
+            return Err(Error::UnsupportedDlDevice {
+                requested,
+                own,
+                device,
+            });
+        }
+        if to_host && copy == Some(false) {
+            return Err(Error::CopyRefused { requested, device });
+        }
+        // Streams order device memory: CUDA and managed memory. Everything else (and the
+        // host copy, for which the protocol makes the producer synchronise) takes `None`, or
+        // -1 which asks for nothing.
+        let ordered = matches!(device.kind, DeviceType::Cuda | DeviceType::CudaManaged);
+        if (to_host || !ordered)
+            && let Some(value) = stream.filter(|&v| v != -1)
+        {
+            return Err(Error::StreamOnHost {
+                value,
+                device: if to_host {
+                    tensorbridge::Device::CPU
+                } else {
+                    device
+                },
+            });
+        }
+        let request = || stream_from_wire(StreamConvention::DlpackCuda, stream);
+        let (exported, copied) = if to_host {
+            (copy::to_host(py, t)?, true)
+        } else if copy == Some(true) {
+            let c = match device.kind {
+                DeviceType::Cpu => copy::host_to_host(py, t)?,
+                // SAFETY: the consumer's stream is live for the call: the DLPack protocol's
+                // contract for `stream` ("the stream the consumer will use").
+                DeviceType::Cuda => unsafe { copy::on_device(py, t, request()?) }?,
+                _ => return Err(Error::CannotCopy { device }),
+            };
+            (c, true)
+        } else {
+            if ordered && let StreamRequest::Stream(consumer) = request()? {
+                // SAFETY: as above: the consumer vouches that its stream is live; this only
+                // enqueues a wait on it (GPU-side, the host does not block).
+                unsafe { tensorbridge_cudarc::make_ready_on(t, consumer) }?;
+            }
+            refuse_negative_strides(t)?;
+            (t.clone(), false)
+        };
+        if versioned {
+            let mut managed = export_versioned(&exported)?;
+            if copied {
+                // SAFETY: the export describes a copy made for this consumer alone: no other
+                // reference to its memory exists, and it is writable.
+                unsafe { *managed.flags_mut() |= DlpackFlags::IS_COPIED };
+            }
+            Ok(versioned_capsule(py, managed)?)
+        } else {
+            if exported.is_readonly() {
+                return Err(Error::ReadOnlyLegacy);
+            }
+            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
+            Ok(legacy_capsule(py, managed)?)
+        }
+    }
+}
+
+/// Refuses layouts with a negative stride on a dimension that has more than one element:
+/// torch 2.11's `from_dlpack` aborts the process on them (pytorch #188023), and a producer
+/// cannot tell its consumers apart.
+pub(crate) fn refuse_negative_strides(t: &Tensor) -> Result<()> {
+    if t.numel() == 0 {
+        return Ok(());
+    }
+    match t
+        .shape()
+        .iter()
+        .zip(t.strides_elems())
+        .position(|(&n, &s)| n > 1 && s < 0)
+    {
+        Some(dim) => Err(Error::NegativeStrides {
+            dim,
+            stride: t.strides_elems()[dim],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `(3, 1)`, `(3,)`, `()`, as Python prints tuples.
+fn py_tuple(values: &[i64]) -> String {
+    match values {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            values
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+#[pymethods]
+impl View {
+    /// The address of element 0 (the data pointer plus any byte offset).
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.tensor.data_ptr()
+    }
+
+    /// Extents.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.tensor.shape())
+    }
+
+    /// Strides in elements (DLPack's and PyTorch's unit).
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.tensor.strides_elems())
+    }
+
+    /// Strides in bytes (NumPy's and the CUDA Array Interface's unit).
+    #[getter]
+    fn byte_strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let bytes = self.tensor.strides_bytes().map_err(Error::from)?;
+        PyTuple::new(py, bytes)
+    }
+
+    /// The element type's core name: `"float32"`, `"bfloat16"`, `"bool"`, `"complex64"`...
+    #[getter]
+    fn dtype(&self) -> String {
+        self.tensor.dtype().to_string()
+    }
+
+    /// Where the memory lives: `"cpu"`, `"cuda:0"`, `"cuda_host"`, `"cuda_managed"`...
+    #[getter]
+    fn device(&self) -> String {
+        self.tensor.device().to_string()
+    }
+
+    /// Whether consumers must not write.
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.tensor.is_readonly()
+    }
+
+    /// Bytes the elements occupy (`numel * itemsize`; packed sub-byte types rounded up).
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.tensor.nbytes()
+    }
+
+    /// Number of dimensions.
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.tensor.ndim()
+    }
+
+    /// Bytes of one element (rounded up for sub-byte types).
+    #[getter]
+    fn itemsize(&self) -> usize {
+        self.tensor.dtype().itemsize()
+    }
+
+    /// Exports the view as a DLPack capsule (the array API's `__dlpack__`).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let stream = stream_from_py(stream.as_ref())?;
+        let versioned = match max_version.filter(|v| !v.is_none()) {
+            None => false,
+            Some(v) => {
+                let (major, minor): (i64, i64) = v.extract().map_err(|_| Error::MaxVersion {
+                    found: v.repr().map(|r| r.to_string()).unwrap_or_default(),
+                })?;
+                if major < 0 || minor < 0 {
+                    return Err(Error::MaxVersion {
+                        found: format!("({major}, {minor})"),
+                    }
+                    .into());
+                }
+                major >= 1
+            }
+        };
+        let requested = match dl_device.filter(|d| !d.is_none()) {
+            None => None,
+            Some(d) => Some(d.extract::<(i32, i32)>().map_err(|_| Error::NotADevice {
+                type_name: format!(
+                    "{} (dl_device must be a (device_type, device_id) tuple)",
+                    crate::convert::type_name(&d)
+                ),
+            })?),
+        };
+        Ok(self.export(py, stream, versioned, requested, copy)?)
+    }
+
+    /// `(device_type, device_id)` in DLPack's numbering (1 = CPU, 2 = CUDA, ...).
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        Ok(self.tensor.device().to_dlpack().map_err(Error::from)?)
+    }
+
+    /// The CUDA Array Interface (version 3) of a CUDA, managed or pinned view; the view must
+    /// stay alive while the pointer is used. `stream` is where the data becomes ready
+    /// (`None` when nothing is pending). `AttributeError` for host views and for dtypes the
+    /// interface cannot name (fp8, fp4), so consumers fall back to DLPack.
+    #[getter(__cuda_array_interface__)]
+    fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let cai = CudaArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+            PyAttributeError::new_err(format!("this view has no __cuda_array_interface__: {e}"))
+        })?;
+        cai_to_py(py, &cai)
+    }
+
+    /// NumPy's array interface (version 3) of a host view; the view must stay alive while
+    /// the pointer is used. `AttributeError` for device views and for dtypes NumPy cannot
+    /// name (fp8, fp4), so consumers fall back to DLPack.
+    #[getter(__array_interface__)]
+    fn array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let ai = ArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+            PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
+        })?;
+        array_to_py(py, &ai)
+    }
+
+    fn __repr__(&self) -> String {
+        let t = &self.tensor;
+        let shape = t
+            .shape()
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "<tensorbridge.View {}[{shape}] strides={} {} ptr={:#x} {}>",
+            t.dtype(),
+            py_tuple(t.strides_elems()),
+            t.device(),
+            t.data_ptr(),
+            if t.is_readonly() {
+                "readonly"
+            } else {
+                "readwrite"
+            }
+        )
+    }
+}

@@ -1,0 +1,100 @@
+//! `from_ptr`, `View` and the `AnyTensor` argument type.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use tensorbridge_pyo3::AnyTensor;
+
+use crate::{eval, module, with_py};
+
+#[test]
+fn release_runs_exactly_once_after_the_last_user() {
+    with_py(|py| {
+        let calls = eval(py, "[]", &[]).unwrap();
+        let buf = eval(py, "(__import__('ctypes').c_float * 4)(1, 2, 3, 4)", &[]).unwrap();
+        let view = eval(
+            py,
+            "tb.from_ptr(__import__('ctypes').addressof(b), (2, 2), 'float32', device='cpu', \
+             owner=b, release=lambda: calls.append(1))",
+            &[("b", &buf), ("calls", &calls)],
+        )
+        .unwrap();
+        let t = tensorbridge_pyo3::extract(&view).unwrap();
+        drop(view);
+        assert_eq!(
+            calls.len().unwrap(),
+            0,
+            "the extracted tensor is still a user"
+        );
+        drop(t);
+        assert_eq!(calls.len().unwrap(), 1);
+    });
+}
+
+#[test]
+fn release_is_not_called_when_from_ptr_raises() {
+    with_py(|py| {
+        let calls = eval(py, "[]", &[]).unwrap();
+        let err = eval(
+            py,
+            "tb.from_ptr(0, (4,), 'float32', device='cpu', release=lambda: calls.append(1))",
+            &[("calls", &calls)],
+        )
+        .unwrap_err();
+        assert!(err.is_instance_of::<PyValueError>(py), "{err}");
+        assert_eq!(calls.len().unwrap(), 0);
+    });
+}
+
+#[test]
+fn repr_and_attributes() {
+    with_py(|py| {
+        let v = eval(
+            py,
+            "tb.asview(__import__('array').array('h', [1, 2, 3]))",
+            &[],
+        )
+        .unwrap();
+        let r = v.repr().unwrap().to_string();
+        assert!(
+            r.starts_with("<tensorbridge.View int16[3] strides=(1,) cpu ptr=0x"),
+            "{r}"
+        );
+        assert!(r.ends_with("readwrite>"), "{r}");
+        let dev: (i32, i32) = eval(py, "v.__dlpack_device__()", &[("v", &v)])
+            .unwrap()
+            .extract()
+            .unwrap();
+        assert_eq!(dev, (1, 0));
+        let ai = eval(py, "v.__array_interface__['typestr']", &[("v", &v)]).unwrap();
+        assert_eq!(ai.extract::<String>().unwrap(), "<i2");
+    });
+}
+
+#[pyfunction]
+fn total(x: AnyTensor) -> PyResult<f64> {
+    let view =
+        x.0.host_view::<f64>()
+            .map_err(tensorbridge_pyo3::Error::from)?;
+    Ok(view.iter().sum())
+}
+
+#[test]
+fn any_tensor_is_a_function_argument() {
+    with_py(|py| {
+        let m = module(py);
+        m.add_function(wrap_pyfunction!(total, &m).unwrap())
+            .unwrap();
+        let globals = pyo3::types::PyDict::new(py);
+        globals.set_item("m", &m).unwrap();
+        let s: f64 = py
+            .eval(
+                c"m.total(__import__('array').array('d', [1.5, 2.5]))",
+                Some(&globals),
+                None,
+            )
+            .unwrap()
+            .extract()
+            .unwrap();
+        assert_eq!(s, 4.0);
+    });
+}

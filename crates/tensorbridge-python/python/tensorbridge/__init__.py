@@ -1,0 +1,14 @@
+"""Zero-copy tensor views: any framework's tensor in, any framework's tensor out.
+
+``asview(obj)`` views a tensor or array of any framework (DLPack, the CUDA Array
+Interface, NumPy's array interface, the buffer protocol) without copying it;
+``from_ptr(ptr, shape, dtype, ...)`` views memory given by its address, checking CUDA
+pointers with the driver. A ``View`` exposes ``__dlpack__``, ``__dlpack_device__``, the
+CUDA Array Interface (CUDA views) and the array interface (host views), so
+``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack.from_dlpack``,
+``numpy.from_dlpack``, ``numba.cuda.as_cuda_array`` and friends take it as it is.
+"""
+
+from ._native import View, __version__, asview, from_ptr
+
+__all__ = ["View", "asview", "from_ptr", "__version__"]

@@ -1,0 +1,219 @@
+"""Every host framework, both ways, every dtype: producer -> tb.asview -> consumer.
+
+For each ordered pair (producer, consumer) of NumPy, PyTorch, JAX and TensorFlow, and each of
+the 15 dtypes they share, the test checks that
+
+- the view reports the producer's pointer, shape, element strides, dtype name and device;
+- the consumer's tensor has the producer's data pointer (read independently of tensorbridge,
+  see ``frameworks.py``) and the same values;
+- writes are visible both ways: one through the consumer seen by the producer, one through
+  the producer seen by the consumer; JAX and TF are immutable by design, so on their side a
+  third framework that imports the same view writes, and its write must show in both.
+
+The only pairs that do not share memory are the ones the frameworks themselves refuse, and
+those are asserted exactly (see ``EXPECTED_REFUSALS``). NumPy bfloat16 (ml_dtypes) has no DLPack
+export of its own (NumPy raises BufferError); tensorbridge falls back to the array interface
+and names the dtype from it, so NumPy is a bfloat16 producer here like the others.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+from frameworks import (
+    BY_NAME,
+    DTYPES,
+    HOST_FRAMEWORKS,
+    ITEMSIZE,
+    assert_same_values,
+    marker,
+    require,
+    sample,
+    writer_for,
+)
+
+FW_IDS = [f.name for f in HOST_FRAMEWORKS]
+
+# (producer, consumer, dtype) -> (exception type, text in its message). Measured in the CI
+# venv (numpy 2.4.6, torch 2.11, jax 0.10.2, tensorflow-cpu 2.21): NumPy has no bfloat16, so
+# np.from_dlpack refuses a bfloat16 tensor from any producer, tensorbridge included.
+EXPECTED_REFUSALS = {
+    ("*", "numpy", "bfloat16"): (RuntimeError, "Unsupported dtype"),
+}
+
+
+def expected_refusal(p, c, dt):
+    for (ep, ec, ed), v in EXPECTED_REFUSALS.items():
+        if ep in ("*", p) and ec in ("*", c) and ed in ("*", dt):
+            return v
+    return None
+
+
+def c_strides(shape):
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("producer", FW_IDS)
+def test_asview_describes_producer(tb, producer, dtype):
+    p = require(BY_NAME[producer])
+    values = sample(dtype)
+    x = p.make(values)
+    v = tb.asview(x)
+    assert v.ptr == p.ptr(x)
+    assert v.shape == (3, 5)
+    assert v.strides == (5, 1)
+    assert v.byte_strides == (5 * ITEMSIZE[dtype], ITEMSIZE[dtype])
+    assert v.dtype == dtype
+    assert v.itemsize == ITEMSIZE[dtype]
+    assert v.nbytes == 15 * ITEMSIZE[dtype]
+    assert v.ndim == 2
+    assert v.device == "cpu"
+    assert v.__dlpack_device__() == (1, 0)
+    # DLPack producers here export writable memory (JAX/TF through legacy capsules, which
+    # cannot say otherwise; NumPy and torch through versioned ones without READ_ONLY)
+    assert v.readonly is False
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("consumer", FW_IDS)
+@pytest.mark.parametrize("producer", FW_IDS)
+def test_producer_to_consumer_zero_copy(tb, producer, consumer, dtype):
+    p, c = require(BY_NAME[producer]), require(BY_NAME[consumer])
+    values = sample(dtype)
+    x = p.make(values)
+    v = tb.asview(x)
+
+    refusal = expected_refusal(producer, consumer, dtype)
+    if refusal is not None:
+        exc, text = refusal
+        with pytest.raises(exc, match=text):
+            c.consume(v)
+        # the refused export was released cleanly and the view is still usable
+        gc.collect()
+        assert v.ptr == p.ptr(x)
+        return
+
+    y = c.consume(v)
+    assert c.ptr(y) == p.ptr(x), f"{producer} -> {consumer} copied"
+    assert_same_values(c.read(y), values)
+
+    # Writes both ways: through the consumer at flat index 0 (seen by the producer), through
+    # the producer at flat index 1 (seen by the consumer). A side that cannot write (JAX and
+    # TF are immutable by design) is stood in for by a third framework importing the same
+    # view, whose write must then show on both sides.
+    third = []
+
+    def writer_of(fw, obj):
+        if fw.writable:
+            return fw, obj
+        if not third:
+            w = writer_for()
+            z = w.consume(v)
+            assert w.ptr(z) == p.ptr(x)
+            third.append((w, z))
+        return third[0]
+
+    m0, m1 = marker(dtype, 0), marker(dtype, 1)
+    w, target = writer_of(c, y)
+    w.write_flat(target, 0, m0)
+    assert p.read(x).flat[0] == m0, f"write through {w.name} (consumer side) not seen by the producer"
+    assert c.read(y).flat[0] == m0
+    w, target = writer_of(p, x)
+    w.write_flat(target, 1, m1)
+    assert c.read(y).flat[1] == m1, f"write through {w.name} (producer side) not seen by the consumer"
+    assert p.read(x).flat[1] == m1
+    # the rest of the buffer is untouched
+    assert_same_values(p.read(x).reshape(-1)[2:], values.reshape(-1)[2:])
+
+
+@pytest.mark.parametrize("consumer", FW_IDS)
+@pytest.mark.parametrize("producer", FW_IDS)
+def test_consumer_keeps_memory_after_producer_and_view_are_gone(tb, producer, consumer):
+    """producer -> view -> consumer; drop the producer and the view: the consumer's tensor
+    still reads the original values (the chain keeps the memory alive)."""
+    p, c = require(BY_NAME[producer]), require(BY_NAME[consumer])
+    values = sample("float32", (64, 64))
+    x = p.make(values)
+    y = c.consume(tb.asview(x))
+    ptr = p.ptr(x)
+    del x
+    gc.collect()
+    # churn the allocator so that freed memory would be reused
+    junk = [np.full((64, 64), -1.0, np.float32) for _ in range(64)]
+    assert c.ptr(y) == ptr
+    assert_same_values(c.read(y), values)
+    del junk
+
+
+@pytest.mark.parametrize("producer", FW_IDS)
+def test_view_of_view_is_the_same_memory(tb, producer):
+    p = require(BY_NAME[producer])
+    x = p.make(sample("int32"))
+    v = tb.asview(x)
+    vv = tb.asview(v)
+    assert (vv.ptr, vv.shape, vv.strides, vv.dtype) == (v.ptr, v.shape, v.strides, v.dtype)
+    del v
+    gc.collect()
+    assert_same_values(np.from_dlpack(vv), sample("int32"))
+
+
+def test_tensorflow_tensor_pointer_equals_numpy_buffer_view(tb):
+    """The pointer tensorbridge reports for a TF tensor is the one TF's own buffer protocol
+    and DLPack export report (cookbook: "the device pointer of a TensorFlow tensor")."""
+    tf = pytest.importorskip("tensorflow")
+    t = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+    v = tb.asview(t)
+    assert v.ptr == np.asarray(memoryview(t)).ctypes.data
+    assert v.ptr == BY_NAME["tensorflow"].ptr(t)
+
+
+def test_torch_exchange_api_producer(tb):
+    """torch 2.11 tensors carry the DLPack C exchange API (a type attribute); whichever path
+    tensorbridge takes, the view is the tensor's memory and follows its storage offset."""
+    torch = pytest.importorskip("torch")
+    assert type(getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)).__name__ == "PyCapsule"
+    base = torch.arange(20, dtype=torch.float32).reshape(4, 5)
+    t = base[1:, 2:]  # storage offset 7, non-contiguous
+    v = tb.asview(t)
+    assert v.ptr == t.data_ptr() == base.data_ptr() + 7 * 4
+    assert v.shape == (3, 3) and v.strides == (5, 1)
+    y = torch.from_dlpack(v)
+    y[0, 0] = -1
+    assert base[1, 2].item() == -1
+
+
+def test_torch_requires_grad_is_refused_cleanly(tb):
+    """torch refuses to export a tensor that requires grad (BufferError from __dlpack__); the
+    view must not be made by going around that refusal silently."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(3, requires_grad=True)
+    with pytest.raises((BufferError, RuntimeError), match="grad"):
+        tb.asview(t)
+    v = tb.asview(t.detach())
+    assert v.ptr == t.data_ptr()
+
+
+def test_tensorflow_dlpack_functions(tb):
+    """TF's DLPack entry points in 2.21: ``tf.experimental.dlpack.to_dlpack`` (a legacy capsule
+    that tensorbridge consumes zero-copy) and ``from_dlpack`` (takes only a legacy capsule, so
+    a view is handed over as ``view.__dlpack__()``). ``tf.from_dlpack`` does not exist in 2.21;
+    if a later TF adds it, it must take a view directly, zero-copy."""
+    tf = pytest.importorskip("tensorflow")
+    t = tf.constant(np.arange(8, dtype=np.float32))
+    cap = tf.experimental.dlpack.to_dlpack(t)
+    v = tb.asview(cap)
+    assert v.ptr == BY_NAME["tensorflow"].ptr(t)
+    with pytest.raises(TypeError):
+        tf.experimental.dlpack.from_dlpack(v)  # not a capsule: TF's own TypeError
+    back = tf.experimental.dlpack.from_dlpack(v.__dlpack__())
+    assert BY_NAME["tensorflow"].ptr(back) == v.ptr
+    if hasattr(tf, "from_dlpack"):
+        assert BY_NAME["tensorflow"].ptr(tf.from_dlpack(v)) == v.ptr
+    else:
+        assert tf.__version__.startswith("2.21"), "tf.from_dlpack is absent: check the TF pin"

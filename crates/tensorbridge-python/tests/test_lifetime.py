@@ -1,0 +1,221 @@
+"""Lifetime: the producer survives ``del`` + ``gc.collect()`` while a view (or anything made
+from it) lives, and is released once the last user is gone. Observed with
+``weakref.finalize`` on producers that support weak references: a NumPy subclass, custom
+classes for each protocol, torch tensors. Also: consumers dying on other threads, views in
+reference cycles, and views still alive at interpreter exit.
+"""
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+from tbhelpers import aligned_numpy, run_isolated
+
+
+class TrackedArray(np.ndarray):
+    """An ndarray subclass (weak-referenceable, unlike a plain ndarray's buffer owner)."""
+
+
+class DLPackWrapper:
+    """A producer object that is not the memory's owner: only its ``__dlpack__`` reaches it."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        kw.pop("stream", None)
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+class AIWrapper:
+    def __init__(self, a):
+        self.a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+def producers():
+    def tracked():
+        return aligned_numpy((16,), np.float64, fill=np.arange(16)).view(TrackedArray)
+
+    out = {
+        "numpy-subclass": tracked,
+        "dlpack-wrapper": lambda: DLPackWrapper(aligned_numpy((16,), np.float64, fill=np.arange(16))),
+        "array-interface": lambda: AIWrapper(aligned_numpy((16,), np.float64, fill=np.arange(16))),
+    }
+    try:
+        import torch
+
+        out["torch"] = lambda: torch.arange(16, dtype=torch.float64)
+    except ImportError:
+        pass
+    return out
+
+
+PRODUCERS = producers()
+
+
+def consumers():
+    out = {"view-only": None, "numpy": np.from_dlpack, "view-of-view": None}
+    try:
+        import torch
+
+        out["torch"] = torch.from_dlpack
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("consumer", list(consumers()))
+@pytest.mark.parametrize("producer", list(PRODUCERS))
+def test_producer_lives_exactly_as_long_as_its_users(tb, producer, consumer):
+    x = PRODUCERS[producer]()
+    dead = []
+    weakref.finalize(x, dead.append, True)
+    v = tb.asview(x)
+    del x
+    gc.collect()
+    assert not dead, "producer released while the view lives"
+
+    if consumer == "view-only":
+        user = None
+    elif consumer == "view-of-view":
+        user = tb.asview(v)
+    else:
+        user = consumers()[consumer](v)
+    if user is not None:
+        del v
+        gc.collect()
+        assert not dead, f"producer released while a {consumer} consumer lives"
+        values = np.from_dlpack(user) if consumer == "view-of-view" else np.asarray(user)
+        np.testing.assert_array_equal(values, np.arange(16))
+        del user, values
+    else:
+        np.testing.assert_array_equal(np.from_dlpack(v), np.arange(16))
+        del v
+    gc.collect()
+    assert dead == [True], "producer not released after the last user died"
+
+
+def test_many_views_and_exports_of_one_producer(tb):
+    x = aligned_numpy((8,), np.float32, fill=1).view(TrackedArray)
+    dead = []
+    weakref.finalize(x, dead.append, 1)
+    views = [tb.asview(x) for _ in range(4)]
+    exports = [np.from_dlpack(v) for v in views for _ in range(2)]
+    del x
+    for i in range(len(views)):
+        views.pop()
+        gc.collect()
+        assert not dead
+    while exports:
+        exports.pop()
+        gc.collect()
+        assert bool(dead) == (not exports)
+
+
+def test_consumers_die_on_other_threads(tb):
+    x = aligned_numpy((1024,), np.float32, fill=3).view(TrackedArray)
+    dead = []
+    weakref.finalize(x, dead.append, 1)
+    v = tb.asview(x)
+    holders = [[np.from_dlpack(v)] for _ in range(8)]
+    try:
+        import torch
+
+        holders += [[torch.from_dlpack(v)] for _ in range(8)]
+    except ImportError:
+        pass
+    del x, v
+    gc.collect()
+
+    def drop(h):
+        assert float(np.asarray(h[0]).sum()) == 3 * 1024
+        h.clear()
+        gc.collect()
+
+    threads = [threading.Thread(target=drop, args=(h,)) for h in holders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert dead == [1]
+
+
+def test_concurrent_conversions(tb):
+    """Several threads import and export the same producer at once (the GIL is held/released
+    correctly; no counts are lost)."""
+    x = aligned_numpy((256,), np.int64, fill=np.arange(256)).view(TrackedArray)
+    dead = []
+    weakref.finalize(x, dead.append, 1)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(2000):
+                y = np.from_dlpack(tb.asview(x))
+                assert y.ctypes.data == x.ctypes.data
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    del x
+    gc.collect()
+    assert dead == [1]
+
+
+def test_view_in_a_reference_cycle_is_collected(tb):
+    x = aligned_numpy((4,), np.float32, fill=1).view(TrackedArray)
+    dead = []
+    weakref.finalize(x, dead.append, 1)
+
+    class Node:
+        pass
+
+    n = Node()
+    n.self = n
+    n.view = tb.asview(x)
+    n.export = np.from_dlpack(n.view)
+    del x, n
+    gc.collect()
+    assert dead == [1]
+
+
+def test_views_alive_at_interpreter_exit():
+    """Views, exports, unconsumed capsules and from_ptr views with a release callback alive
+    when the interpreter exits: no crash, no hang (deleters may run after finalisation starts;
+    they must not touch Python then)."""
+    r = run_isolated(
+        """
+        import ctypes, numpy as np, tensorbridge as tb
+        a = np.arange(10.0)
+        v = tb.asview(a)
+        e = np.from_dlpack(v)
+        c1 = v.__dlpack__()
+        c2 = v.__dlpack__(max_version=(1, 3))
+        buf = (ctypes.c_float * 4)()
+        w = tb.from_ptr(ctypes.addressof(buf), (4,), "float32", device="cpu", owner=buf,
+                        release=lambda: None)
+        try:
+            import torch
+            t = torch.from_dlpack(w)
+        except ImportError:
+            pass
+        class Cycle: pass
+        cyc = Cycle(); cyc.me = cyc; cyc.v = tb.asview(e)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "ok"

@@ -1,0 +1,253 @@
+"""The ``tb.View`` surface on the host: attributes, repr, ``__array_interface__``, and the full
+array-API ``__dlpack__`` signature (versions, read-only, ``copy``, ``dl_device``, ``stream``).
+
+Capsules are inspected with ctypes (``tbhelpers.read_capsule``) without consuming them, so the
+flags tensorbridge sets (READ_ONLY, IS_COPIED) are checked directly, not through a consumer
+that may ignore them.
+"""
+
+import gc
+
+import numpy as np
+import pytest
+
+from tbhelpers import (
+    FLAG_IS_COPIED,
+    FLAG_READ_ONLY,
+    aligned_numpy,
+    capsule_name,
+    read_capsule,
+)
+
+
+@pytest.fixture
+def arr():
+    return aligned_numpy((2, 3), np.float32, fill=np.arange(6).reshape(2, 3))
+
+
+def test_attributes(tb, arr):
+    v = tb.asview(arr)
+    assert isinstance(v, tb.View)
+    assert isinstance(v.ptr, int) and v.ptr == arr.ctypes.data
+    assert v.shape == (2, 3) and isinstance(v.shape, tuple)
+    assert v.strides == (3, 1) and isinstance(v.strides, tuple)
+    assert v.byte_strides == (12, 4)
+    assert v.dtype == "float32" and isinstance(v.dtype, str)
+    assert v.device == "cpu"
+    assert v.readonly is False
+    assert (v.nbytes, v.ndim, v.itemsize) == (24, 2, 4)
+
+
+def test_repr_names_what_matters(tb, arr):
+    v = tb.asview(arr)
+    r = repr(v)
+    # <tensorbridge.View float32[2, 3] strides=(3, 1) cpu ptr=0x... readwrite>
+    assert r.startswith("<tensorbridge.View ") and r.endswith(">"), r
+    for part in ("float32", "[2, 3]", "strides=(3, 1)", "cpu", hex(arr.ctypes.data), "readwrite"):
+        assert part in r, (part, r)
+    arr.flags.writeable = False
+    r = repr(tb.asview(arr))
+    assert "readonly" in r and "readwrite" not in r, r
+
+
+def test_array_interface_is_v3_and_exact(tb, arr):
+    v = tb.asview(arr[:, ::2])
+    ai = v.__array_interface__
+    assert ai["version"] == 3
+    assert ai["shape"] == (2, 2)
+    assert np.dtype(ai["typestr"]) == np.float32
+    assert ai["data"] == (arr.ctypes.data, False)
+    assert ai["strides"] in ((12, 8),)
+    assert ai.get("mask") is None
+    y = np.asarray(v)
+    assert y.ctypes.data == arr.ctypes.data
+    y[1, 1] = 99
+    assert arr[1, 2] == 99
+
+
+def test_host_view_has_no_cuda_array_interface(tb, arr):
+    v = tb.asview(arr)
+    with pytest.raises(AttributeError):
+        v.__cuda_array_interface__
+    assert not hasattr(v, "__cuda_array_interface__")
+
+
+def test_dlpack_device(tb, arr):
+    assert tuple(tb.asview(arr).__dlpack_device__()) == (1, 0)
+
+
+# --- __dlpack__: versions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "max_version, name, version",
+    [
+        (None, "dltensor", None),
+        ((0, 8), "dltensor", None),
+        ((1, 0), "dltensor_versioned", (1,)),
+        ((1, 3), "dltensor_versioned", (1,)),
+        ((1, 99), "dltensor_versioned", (1,)),
+    ],
+)
+def test_dlpack_version_negotiation(tb, arr, max_version, name, version):
+    v = tb.asview(arr)
+    kw = {} if max_version is None else {"max_version": max_version}
+    cap = v.__dlpack__(**kw)
+    info = read_capsule(cap)
+    assert info.name == name
+    if version:
+        # same major; the minor may be the producer's own (minors are ABI compatible)
+        assert info.version[0] == 1 and info.version <= (1, 3)
+    assert info.ptr == arr.ctypes.data
+    assert info.device == (1, 0)
+    assert info.dtype == (2, 32, 1)
+    assert info.shape == (2, 3)
+    # strides are always sent (DLPack >= 1.2 forbids NULL for ndim != 0; NULL crashed consumers)
+    assert info.strides == (3, 1)
+    assert info.flags == 0
+    assert info.byte_offset == 0 or info.data + info.byte_offset == arr.ctypes.data
+
+
+def test_dlpack_newer_consumer_gets_our_version(tb, arr):
+    """A consumer that knows DLPack 2.x gets the producer's own 1.x (array API: "if
+    max_version >= own, return own"); the consumer checks the name and version."""
+    v = tb.asview(arr)
+    cap = v.__dlpack__(max_version=(2, 0))
+    info = read_capsule(cap)
+    assert info.versioned and info.version[0] == 1
+
+
+def test_unconsumed_capsules_are_released(tb, arr):
+    """Capsules that nobody consumes are freed by their destructor (no leak, no crash): the
+    view's refcount returns to where it was."""
+    import sys
+
+    v = tb.asview(arr)
+    before = sys.getrefcount(v)
+    caps = [v.__dlpack__(max_version=(1, 3)) for _ in range(100)] + [v.__dlpack__() for _ in range(100)]
+    del caps
+    gc.collect()
+    assert sys.getrefcount(v) == before
+
+
+# --- __dlpack__: read-only ---------------------------------------------------------------------
+
+
+def test_readonly_view_exports_flag_and_refuses_legacy(tb, arr):
+    arr.flags.writeable = False
+    v = tb.asview(arr)
+    assert v.readonly is True
+    info = read_capsule(v.__dlpack__(max_version=(1, 0)))
+    assert info.flags & FLAG_READ_ONLY
+    with pytest.raises(BufferError, match="(?i)read.?only"):
+        v.__dlpack__()
+    with pytest.raises(BufferError, match="(?i)read.?only"):
+        v.__dlpack__(max_version=(0, 8))
+    # NumPy honours the flag: its import is read-only
+    y = np.from_dlpack(v)
+    assert y.ctypes.data == arr.ctypes.data
+    assert not y.flags.writeable
+    with pytest.raises(ValueError):
+        y[0, 0] = 1
+    # the array interface says so too
+    assert v.__array_interface__["data"][1] is True
+    assert not np.asarray(v).flags.writeable
+
+
+def test_readonly_into_legacy_only_consumers_is_refused(tb, arr):
+    """JAX and TF ask for legacy capsules, which cannot carry READ_ONLY: BufferError, as NumPy
+    itself does for a read-only array (numpy #20742, jax #40789)."""
+    arr.flags.writeable = False
+    v = tb.asview(arr)
+    jax = pytest.importorskip("jax")
+    with pytest.raises(BufferError, match="(?i)read.?only"):
+        jax.dlpack.from_dlpack(v)
+    tf = pytest.importorskip("tensorflow")
+    with pytest.raises(BufferError, match="(?i)read.?only"):
+        tf.experimental.dlpack.from_dlpack(v.__dlpack__())
+
+
+def test_readonly_into_torch_is_not_enforced_by_torch(tb, arr):
+    """torch 2.11 has no read-only tensors and ignores DLPack's READ_ONLY flag (PEERS.md,
+    "nobody enforces it end to end"): the import succeeds and shares memory. This records the
+    behaviour; tensorbridge sets the flag (checked above) and cannot do more."""
+    torch = pytest.importorskip("torch")
+    arr.flags.writeable = False
+    t = torch.from_dlpack(tb.asview(arr))
+    assert t.data_ptr() == arr.ctypes.data
+
+
+# --- __dlpack__: copy and dl_device ------------------------------------------------------------
+
+
+def test_copy_true_is_a_real_copy_flagged_is_copied(tb, arr):
+    v = tb.asview(arr)
+    info = read_capsule(v.__dlpack__(max_version=(1, 3), copy=True))
+    assert info.flags & FLAG_IS_COPIED
+    assert info.ptr != arr.ctypes.data
+    assert info.shape == (2, 3)
+    y = np.from_dlpack(v, copy=True)
+    assert y.ctypes.data != arr.ctypes.data
+    np.testing.assert_array_equal(y, arr)
+    y[0, 0] = 100
+    assert arr[0, 0] == 0
+    arr[0, 1] = 200
+    assert y[0, 1] == 1
+
+
+def test_copy_true_of_strided_and_readonly_view(tb, arr):
+    x = arr[:, ::-2]
+    x.flags.writeable = False
+    v = tb.asview(x)
+    y = np.from_dlpack(v, copy=True)
+    np.testing.assert_array_equal(y, x)
+    assert y.ctypes.data not in range(arr.ctypes.data, arr.ctypes.data + arr.nbytes)
+
+
+def test_copy_false_and_none_share(tb, arr):
+    v = tb.asview(arr)
+    for copy in (False, None):
+        info = read_capsule(v.__dlpack__(max_version=(1, 3), copy=copy))
+        assert info.ptr == arr.ctypes.data and not info.flags & FLAG_IS_COPIED
+    y = np.from_dlpack(v, copy=False)
+    assert y.ctypes.data == arr.ctypes.data
+
+
+def test_dl_device_cpu_on_host_view_shares(tb, arr):
+    v = tb.asview(arr)
+    info = read_capsule(v.__dlpack__(max_version=(1, 3), dl_device=(1, 0)))
+    assert info.ptr == arr.ctypes.data and info.device == (1, 0)
+    y = np.from_dlpack(v, device="cpu")
+    assert y.ctypes.data == arr.ctypes.data
+
+
+def test_dl_device_cuda_from_host_view_is_refused_without_copy(tb, arr):
+    v = tb.asview(arr)
+    with pytest.raises(BufferError):
+        v.__dlpack__(max_version=(1, 3), dl_device=(2, 0), copy=False)
+
+
+def test_stream_on_host_view(tb, arr):
+    """Host memory has no streams: ``None`` is the only stream a CPU consumer may pass
+    (array API); ``-1`` ("no synchronisation") is harmless; anything else is a clean error."""
+    v = tb.asview(arr)
+    assert capsule_name(v.__dlpack__(stream=None)) == "dltensor"
+    for bad in (0,):
+        with pytest.raises((BufferError, ValueError)):
+            v.__dlpack__(stream=bad)
+
+
+def test_dlpack_keyword_only(tb, arr):
+    v = tb.asview(arr)
+    with pytest.raises(TypeError):
+        v.__dlpack__(None)  # stream is keyword-only
+    with pytest.raises(TypeError):
+        v.__dlpack__(bogus=1)
+
+
+def test_dlpack_bad_argument_types(tb, arr):
+    v = tb.asview(arr)
+    with pytest.raises((TypeError, ValueError)):
+        v.__dlpack__(max_version="1.0")
+    with pytest.raises((TypeError, ValueError)):
+        v.__dlpack__(dl_device="cpu")
