@@ -118,20 +118,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
 /// The Python package: the wheel built and installed into the environment, the pyo3 crate's
 /// Rust tests against the environment's libpython, and the pytest suite against the wheel.
 fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
-    let wheels = build_wheels(steps, venv)?;
-    steps.cmd(
-        "python: install the wheels",
-        venv.python_cmd()
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--force-reinstall",
-                "--no-deps",
-            ])
-            .args(&wheels),
-    )?;
+    install_wheels(steps, venv)?;
     match venv.libpython_dir()? {
         Some(libdir) => steps.cmd(
             "python: cargo test -p tensorbridge-pyo3",
@@ -154,6 +141,24 @@ fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
             .arg("--ignore")
             .arg(tests.join("gpu"))
             .current_dir(root()),
+    )
+}
+
+/// Builds the wheels ([`build_wheels`]) and installs them into the environment.
+pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv) -> Result<()> {
+    let wheels = build_wheels(steps, venv)?;
+    steps.cmd(
+        "python: install the wheels",
+        venv.python_cmd()
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--force-reinstall",
+                "--no-deps",
+            ])
+            .args(&wheels),
     )
 }
 

@@ -1,14 +1,34 @@
-//! `cargo xtask demo [-- ARGS...]`: the main job (`tests/examples/demo.rs`) in release.
+//! `cargo xtask demo [-- ARGS...]`: the main job. First the Rust adapters
+//! (`tests/examples/demo.rs`, release), then the Python package against every framework in
+//! the managed environment (`crates/tensorbridge-python/examples/demo.py`: on the GPU when
+//! there is one, on the host otherwise), each printing its table of what was shared
+//! zero-copy (pointer and write checked) and what one conversion costs.
 
 use anyhow::{Result, bail};
 
-use crate::{Steps, cargo, split_passthrough};
+use crate::{Steps, cargo, ci, root, split_passthrough, venv};
+
+/// The Python demo, relative to the workspace root.
+const PYTHON_DEMO: &str = "crates/tensorbridge-python/examples/demo.py";
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let (own, demo_args) = split_passthrough(args);
-    if let Some(other) = own.first() {
-        bail!("unknown option `{other}` for `demo` (pass the demo's arguments after `--`)");
+    let mut python = true;
+    for arg in own {
+        match arg.as_str() {
+            "--rust-only" => python = false,
+            other => bail!(
+                "unknown option `{other}` for `demo` (expected --rust-only; pass the Rust \
+                 demo's arguments after `--`)"
+            ),
+        }
     }
+    let mut steps = Steps::new("demo");
+    let result = demo(&mut steps, python, demo_args);
+    steps.finish(result)
+}
+
+fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
     let mut cmd = cargo();
     cmd.args([
         "run",
@@ -21,7 +41,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if !demo_args.is_empty() {
         cmd.arg("--").args(demo_args);
     }
-    let mut steps = Steps::new("demo");
-    let result = steps.cmd("demo", &mut cmd);
-    steps.finish(result)
+    steps.cmd("demo: Rust adapters", &mut cmd)?;
+    if !python {
+        steps.skip("demo: Python frameworks", "--rust-only");
+        return Ok(());
+    }
+    let venv = venv::ensure(steps)?;
+    ci::install_wheels(steps, &venv)?;
+    steps.cmd(
+        "demo: Python frameworks",
+        venv.python_cmd()
+            .arg(root().join(PYTHON_DEMO))
+            .current_dir(root()),
+    )
 }

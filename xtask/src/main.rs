@@ -38,9 +38,11 @@ tasks:
       that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
   bench [-- ARGS...]
       cargo bench -p tensorbridge-benches; ARGS go to criterion (-- --quick).
-  demo [-- ARGS...]
-      Run the main job in release: hand a buffer through every path tensorbridge knows
-      and print a table of what was shared zero-copy.
+  demo [--rust-only] [-- ARGS...]
+      The main job: hand a buffer through every Rust adapter (release build), then through
+      every Python framework in the managed environment (.venv, made when missing; the
+      wheel built and installed), on the GPU when there is one; each prints a table of what
+      was shared zero-copy (pointer and write checked) and the time per conversion.
   fuzz [--time SECS] [validate|cai|dlpack ...]
       Run the libFuzzer targets of fuzz/ (cargo-fuzz on nightly, both installed when
       missing), each SECS seconds (default 60), growing fuzz/corpus/<target>; print the
