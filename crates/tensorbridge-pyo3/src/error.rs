@@ -43,7 +43,8 @@ pub enum Error {
     },
     /// A capsule that is not a DLPack capsule.
     #[error(
-        "a capsule named {name:?} is not a DLPack tensor (expected \"dltensor\" or \"dltensor_versioned\")"
+        "a capsule {} is not a DLPack tensor (expected \"dltensor\" or \"dltensor_versioned\")",
+        .name.as_deref().map_or_else(|| "without a name".to_owned(), |n| format!("named {n:?}"))
     )]
     CapsuleName {
         /// The capsule's name (`None` for an unnamed capsule).
@@ -58,7 +59,7 @@ pub enum Error {
         name: String,
     },
     /// `__dlpack__` returned something that is not a DLPack capsule.
-    #[error("{type_name}.__dlpack__ returned a {found} (expected a DLPack capsule)")]
+    #[error("{type_name}.__dlpack__ returned an object of type {found} (expected a DLPack capsule)")]
     NotACapsule {
         /// The producer's type.
         type_name: String,
@@ -141,7 +142,7 @@ pub enum Error {
         device: Device,
     },
     /// A stream value of the wrong Python type.
-    #[error("stream must be None or an int (found a {type_name})")]
+    #[error("stream must be None or an int (found an object of type {type_name})")]
     StreamType {
         /// The argument's type.
         type_name: String,
@@ -185,7 +186,7 @@ pub enum Error {
         expected: &'static str,
     },
     /// A `release` argument that cannot be called.
-    #[error("release must be callable with no arguments (found a {type_name})")]
+    #[error("release must be callable with no arguments (found an object of type {type_name})")]
     NotCallable {
         /// The argument's type.
         type_name: String,
@@ -209,7 +210,7 @@ pub enum Error {
         found: String,
     },
     /// An interface attribute that is not a dict.
-    #[error("{interface} must be a dict (found a {found})")]
+    #[error("{interface} must be a dict (found an object of type {found})")]
     InterfaceNotDict {
         /// `__cuda_array_interface__` or `__array_interface__`.
         interface: &'static str,
