@@ -59,7 +59,9 @@ pub enum Error {
         name: String,
     },
     /// `__dlpack__` returned something that is not a DLPack capsule.
-    #[error("{type_name}.__dlpack__ returned an object of type {found} (expected a DLPack capsule)")]
+    #[error(
+        "{type_name}.__dlpack__ returned an object of type {found} (expected a DLPack capsule)"
+    )]
     NotACapsule {
         /// The producer's type.
         type_name: String,
