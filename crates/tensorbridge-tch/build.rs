@@ -42,7 +42,9 @@ fn main() {
         .warnings(true)
         .extra_warnings(true);
     // libtorch's headers as system headers: their warnings are not ours.
-    build.flag("-isystem").flag(include.to_str().expect("a UTF-8 path"));
+    build
+        .flag("-isystem")
+        .flag(include.to_str().expect("a UTF-8 path"));
     build.compile("tensorbridge_tch_shim");
 
     let lib = lib.display();

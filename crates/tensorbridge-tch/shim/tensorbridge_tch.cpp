@@ -139,6 +139,10 @@ int tb_tch_from_blob(void* data, const int64_t* sizes, const int64_t* strides, i
   // tensor, each own it in turn).
   std::unique_ptr<void, void (*)(void*)> guard(ctx, release);
   return guarded(err, [&] {
+    // `TensorOptions::dtype` is `noexcept` and terminates on a code it does not know: check.
+    TORCH_CHECK(scalar_type >= 0 &&
+                    scalar_type < static_cast<int8_t>(c10::ScalarType::NumOptions),
+                "unknown scalar type ", static_cast<int>(scalar_type));
     c10::Device device(static_cast<c10::DeviceType>(device_type), device_index);
     auto options = at::TensorOptions()
                        .dtype(static_cast<c10::ScalarType>(scalar_type))

@@ -207,3 +207,63 @@ pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor
     Ok(unsafe { tch::Tensor::from_ptr(out) })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorbridge_testkit::DropCounter;
+
+    /// Calls the shim as `to_tch_with` does, with a counted owner and the given sizes and
+    /// scalar type, and returns its status.
+    fn make(counter: &DropCounter, sizes: &[i64], scalar_type: ScalarType) -> i32 {
+        let buffer = vec![0f32; 16];
+        let ctx = Box::into_raw(Box::new(Release {
+            owner: counter.owner_with(buffer),
+            cuda: None,
+        }));
+        let strides = vec![1i64; sizes.len()];
+        let data = ptr::dangling_mut::<f32>().cast::<c_void>();
+        let mut out = ptr::null_mut();
+        let mut err = ptr::null_mut();
+        // SAFETY: as in `to_tch_with`; every call here is made to fail before libtorch could
+        // read `data` (a dangling pointer).
+        let status = unsafe {
+            ffi::tb_tch_from_blob(
+                data,
+                sizes.as_ptr(),
+                strides.as_ptr(),
+                sizes.len() as i64,
+                scalar_type,
+                TorchDeviceType::CPU,
+                -1,
+                ctx.cast(),
+                release,
+                &mut out,
+                &mut err,
+            )
+        };
+        // SAFETY: `err` is what the call stored.
+        let result = unsafe { ffi::check("tb_tch_from_blob", status, err) };
+        assert_eq!(status != 0, result.is_err());
+        if let Err(e) = result {
+            println!("{e}");
+            assert!(out.is_null());
+        }
+        status
+    }
+
+    #[test]
+    fn a_failure_before_libtorch_took_the_context_releases_it_once() {
+        // An unknown scalar type fails while the options are built, before `for_blob`.
+        let counter = DropCounter::new();
+        assert_ne!(make(&counter, &[4], ScalarType(100)), 0);
+        assert_eq!(counter.drops(), 1);
+    }
+
+    #[test]
+    fn a_failure_inside_make_tensor_releases_the_context_once() {
+        // A negative size fails in `make_tensor`, after the maker took the context.
+        let counter = DropCounter::new();
+        assert_ne!(make(&counter, &[-1], ScalarType::FLOAT), 0);
+        assert_eq!(counter.drops(), 1);
+    }
+}

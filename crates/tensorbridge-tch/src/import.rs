@@ -40,9 +40,8 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
     let mut handle = ptr::null_mut();
     let mut err = ptr::null_mut();
     // SAFETY: plain values and two live out-parameters the shim writes once each.
-    let status = unsafe {
-        ffi::tb_tch_current_stream(TorchDeviceType::CUDA, index, &mut handle, &mut err)
-    };
+    let status =
+        unsafe { ffi::tb_tch_current_stream(TorchDeviceType::CUDA, index, &mut handle, &mut err) };
     // SAFETY: `err` is what this call stored.
     unsafe { ffi::check("tb_tch_current_stream", status, err) }?;
     Ok(tensorbridge_cudarc::stream_from_raw(handle.cast()))
@@ -104,16 +103,14 @@ pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
     let (sizes, strides): (&[i64], &[i64]) = if ndim == 0 {
         (&[], &[])
     } else {
-        // SAFETY: for a defined strided tensor the shim points `sizes` and `strides` at the
-        // tensor's own `ndim` extents and strides, which live as long as the tensor is not
-        // resized; `t` is borrowed (and not `Sync`), so nothing resizes it before the core
-        // has copied them (`validate` below).
-        unsafe {
-            (
-                slice::from_raw_parts(info.sizes, ndim),
-                slice::from_raw_parts(info.strides, ndim),
-            )
-        }
+        // SAFETY: for a defined strided tensor the shim points `sizes` and `strides`
+        // at the tensor's own `ndim` extents and strides, which live as long as the tensor
+        // is not resized; `t` is borrowed (and not `Sync`), so nothing resizes it before
+        // the core has copied them (`validate` below).
+        let sizes = unsafe { slice::from_raw_parts(info.sizes, ndim) };
+        // SAFETY: as for `sizes` just above.
+        let strides = unsafe { slice::from_raw_parts(info.strides, ndim) };
+        (sizes, strides)
     };
     let data = info.data as usize;
     // libtorch's `data_ptr()` is the storage's start plus the storage offset: describe it as

@@ -90,6 +90,8 @@ mod error;
 mod export;
 mod ffi;
 mod import;
+#[cfg(test)]
+mod libtorch_dlpack;
 
 pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
