@@ -158,8 +158,15 @@ pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor
         // thread: its default stream (the legacy one) or a pool stream, live for the call
         // (libtorch never destroys them), of the device's primary context.
         unsafe { tensorbridge_cudarc::make_ready_on(tensor, stream) }?;
+        // The deleter may run on another thread, where the per-thread default stream (only
+        // an external stream of that value gets here) is another stream; the legacy stream
+        // orders after every per-thread stream's work, so retire on that instead.
+        let retire_on = match stream {
+            Stream::PerThreadDefault => Stream::LegacyDefault,
+            stream => stream,
+        };
         // The device index is an ordinal that fits `i8`, so it is >= 0.
-        Some((device_index as u32, stream))
+        Some((device_index as u32, retire_on))
     } else {
         if !tensor.ready().is_now() {
             tensorbridge_cudarc::synchronize(tensor)?;

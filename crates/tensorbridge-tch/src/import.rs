@@ -132,7 +132,16 @@ pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
     };
     let desc = raw.validate()?;
     let ready = match device.kind {
-        tensorbridge::DeviceType::Cuda => Ready::Stream(current_cuda_stream(info.device_index)?),
+        tensorbridge::DeviceType::Cuda => match current_cuda_stream(info.device_index)? {
+            // Only an external stream that is the per-thread sentinel gets here; it names
+            // another stream on every thread, so the tensor carries an event instead.
+            // SAFETY: the calling thread's per-thread default stream, live for the call.
+            Stream::PerThreadDefault => unsafe {
+                tensorbridge_cudarc::CudaSignal::record(device.ordinal, Stream::PerThreadDefault)
+            }?
+            .into_ready(),
+            stream => Ready::Stream(stream),
+        },
         _ => Ready::Now,
     };
     let owner = std::sync::Arc::new(TchOwner(t.shallow_clone()));
@@ -155,8 +164,7 @@ pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
         //   stream or a stream of its pool, which libtorch never destroys (the device's
         //   primary context, as libtorch uses the runtime API). An external stream made
         //   current by C++ or Python code is that code's to keep alive (tch cannot);
-        // - 3: libtorch never hands out the per-thread default stream as a current stream
-        //   (its default stream is the legacy one, null).
+        // - 3: a per-thread default stream became an event above; a signal names none.
         ready => unsafe { tensor.with_ready(ready) },
     })
 }
