@@ -25,15 +25,17 @@ cargo xtask <task> [options]
 tasks:
   ci [--no-miri]
       cargo fmt --check, clippy (workspace, then --all-features), cargo test, cargo doc
-      with warnings denied, then Miri on each package in ci::MIRI_PACKAGES (installing
-      the nightly toolchain, Miri and rust-src first if they are missing).
+      with warnings denied (libtorch for the tch crate from the venv, made if missing),
+      then Miri on each package in ci::MIRI_PACKAGES (installing the nightly toolchain,
+      Miri and rust-src first if they are missing).
       --no-miri skips Miri, for quick local runs.
   test-gpu [--bundle DIR] [-- ARGS...]
       Report the GPUs found, build the GPU test binaries (release, stripped) and run
       them here; with --bundle, copy them into DIR (made afresh) with a run.sh for a GPU
       machine that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
   bench [-- ARGS...]
-      cargo bench -p tensorbridge-benches; ARGS go to criterion (-- --quick).
+      cargo bench -p tensorbridge-benches with the CPU groups (tch included, with the
+      venv's libtorch); ARGS go to criterion (-- --quick).
   demo [-- ARGS...]
       Run the main job in release: hand a buffer through every path tensorbridge knows
       and print a table of what was shared zero-copy.

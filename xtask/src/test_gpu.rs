@@ -10,12 +10,17 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::venv::{self, with_libtorch};
 use crate::{Steps, absolute, cargo, display, split_passthrough};
 
 /// The test binaries of the GPU suite: (package, the feature that compiles them).
 const GPU_TESTS: &[(&str, &str)] = &[
     ("tensorbridge-integration", "gpu-tests"),
     ("tensorbridge-cudarc", "gpu-tests"),
+    // Links libtorch: built with the managed venv's (`LIBTORCH`); on the GPU machine its
+    // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
+    // searched before the rpath to this machine's venv.
+    ("tensorbridge-tch", "gpu-tests"),
 ];
 
 /// Where the GPU machine keeps libtorch, libcuda and the CUDA toolkit (BUILD.md).
@@ -53,7 +58,9 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         }
         Ok(())
     })?;
-    let binaries = steps.run("build (release, stripped)", build)?;
+    // tensorbridge-tch's GPU tests link libtorch.
+    let libtorch = venv::ensure(steps)?.torch_dir()?;
+    let binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
     match bundle {
         Some(dir) => steps.run(&format!("bundle into {}", dir.display()), || {
             write_bundle(dir, &binaries)
@@ -118,8 +125,8 @@ struct TestBinary {
 
 /// Builds the GPU test binaries in release, stripped of symbols (~1 MB each instead of
 /// ~10 MB), and returns them.
-fn build() -> Result<Vec<TestBinary>> {
-    let mut cmd = cargo();
+fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
+    let mut cmd = with_libtorch(cargo(), libtorch);
     cmd.args(["test", "--release"]);
     for (package, feature) in GPU_TESTS {
         cmd.args(["-p", package, "--features", &format!("{package}/{feature}")]);
