@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::venv::{self, Venv};
+use crate::venv::{self, Venv, with_libtorch};
 use crate::{Steps, cargo, root, run_status};
 
 /// Packages whose tests also run under Miri (`cargo +nightly miri test -p <pkg>`): unit
@@ -17,8 +17,10 @@ pub(crate) const MIRI_PACKAGES: &[&str] =
     &["tensorbridge", "tensorbridge-dlpack", "tensorbridge-cai"];
 
 /// Packages left out of the `--all-features` clippy run because one of their features needs
-/// CUDA, Python or libtorch at build time (say which beside each entry). None do yet:
-/// cudarc loads libcuda at run time and builds anywhere.
+/// CUDA, Python or libtorch at build time (say which beside each entry). None do: cudarc
+/// loads libcuda at run time and builds anywhere, and libtorch (tensorbridge-tch, the
+/// benches' `tch` feature) comes from the managed venv, which every cargo command here gets
+/// through `LIBTORCH` (see [`ci`]).
 const ALL_FEATURES_EXCLUDED: &[&str] = &[];
 
 /// Packages that need libpython to link their test binaries: left out of the plain
@@ -66,9 +68,19 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     steps.cmd("fmt", cargo().args(["fmt", "--all", "--check"]))?;
     // Every member, the Python crates included: checking needs an interpreter for pyo3's
     // build script, not libpython.
+    // tensorbridge-tch links libtorch: torch-sys finds it through `LIBTORCH`, the torch
+    // package of the managed venv (created above on a fresh machine).
+    let libtorch = venv.torch_dir()?;
+    // Every workspace-wide command below gets `LIBTORCH`, rather than excluding the crate
+    // from them and checking it in steps of its own: `--workspace` includes non-default
+    // members, and `--all-features` turns on the benches' `tch` feature, which links
+    // libtorch too, so exclusions would have to cover the benches as well and would take
+    // their tch bench out of clippy. One environment for all commands also builds torch-sys
+    // once: its build script reruns whenever `LIBTORCH` changes (BUILD.md gotcha 1).
+    let torch_cargo = || with_libtorch(cargo(), &libtorch);
     steps.cmd(
         "clippy",
-        cargo().args([
+        torch_cargo().args([
             "clippy",
             "--workspace",
             "--all-targets",
@@ -77,15 +89,16 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
             "warnings",
         ]),
     )?;
-    let mut clippy_all = cargo();
+    let mut clippy_all = torch_cargo();
     clippy_all.args(["clippy", "--workspace", "--all-targets", "--all-features"]);
     for package in ALL_FEATURES_EXCLUDED {
         clippy_all.args(["--exclude", package]);
     }
     clippy_all.args(["--", "-D", "warnings"]);
     steps.cmd("clippy --all-features", &mut clippy_all)?;
-    // Includes the doctests.
-    let mut test = cargo();
+    // Includes the doctests (tensorbridge-tch's load libtorch through its build script's
+    // rpath, as its other test binaries do).
+    let mut test = torch_cargo();
     test.args(["test", "--workspace"]);
     for package in PYTHON_PACKAGES {
         test.args(["--exclude", package]);
@@ -93,7 +106,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     steps.cmd("test", &mut test)?;
     steps.cmd(
         "doc",
-        cargo()
+        torch_cargo()
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;

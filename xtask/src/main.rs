@@ -26,7 +26,8 @@ cargo xtask <task> [options]
 tasks:
   ci [--no-miri]
       The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
-      --all-features), cargo test, cargo doc with warnings denied, the Python package
+      --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
+      crate from the venv), the Python package
       (maturin wheel into target/wheels, installed into the environment; the pyo3 crate's
       tests; pytest crates/tensorbridge-python/tests without gpu/), then Miri on each
       package in ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src
@@ -37,7 +38,8 @@ tasks:
       wheel and the Python tests into DIR (made afresh) with a run.sh for a GPU machine
       that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
   bench [-- ARGS...]
-      cargo bench -p tensorbridge-benches; ARGS go to criterion (-- --quick).
+      cargo bench -p tensorbridge-benches with the CPU groups (tch included, with the
+      venv's libtorch); ARGS go to criterion (-- --quick).
   demo [--rust-only] [-- ARGS...]
       The main job: hand a buffer through every Rust adapter (release build), then through
       every Python framework in the managed environment (.venv, made when missing; the

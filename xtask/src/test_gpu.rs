@@ -11,13 +11,17 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 use crate::ci::{PYTHON_CRATE, build_wheels};
-use crate::venv;
+use crate::venv::{self, with_libtorch};
 use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 
 /// The test binaries of the GPU suite: (package, the feature that compiles them).
 const GPU_TESTS: &[(&str, &str)] = &[
     ("tensorbridge-integration", "gpu-tests"),
     ("tensorbridge-cudarc", "gpu-tests"),
+    // Links libtorch: built with the managed venv's (`LIBTORCH`); on the GPU machine its
+    // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
+    // searched before the rpath to this machine's venv.
+    ("tensorbridge-tch", "gpu-tests"),
 ];
 
 /// Where the GPU machine keeps libtorch, libcuda and the CUDA toolkit (BUILD.md).
@@ -55,9 +59,11 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         }
         Ok(())
     })?;
-    let binaries = steps.run("build (release, stripped)", build)?;
-    // The Python package's GPU suite runs against the wheel, like the CPU suite in `ci`.
+    // tensorbridge-tch's GPU tests link libtorch; the Python package's GPU suite runs
+    // against the wheel, like the CPU suite in `ci`.
     let venv = venv::ensure(steps)?;
+    let libtorch = venv.torch_dir()?;
+    let binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
     let wheels = build_wheels(steps, &venv)?;
     let python = Python {
         wheels,
@@ -146,8 +152,8 @@ struct TestBinary {
 
 /// Builds the GPU test binaries in release, stripped of symbols (~1 MB each instead of
 /// ~10 MB), and returns them.
-fn build() -> Result<Vec<TestBinary>> {
-    let mut cmd = cargo();
+fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
+    let mut cmd = with_libtorch(cargo(), libtorch);
     cmd.args(["test", "--release"]);
     for (package, feature) in GPU_TESTS {
         cmd.args(["-p", package, "--features", &format!("{package}/{feature}")]);

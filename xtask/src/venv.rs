@@ -170,6 +170,15 @@ pub(crate) fn ensure(steps: &mut Steps) -> Result<Venv> {
     Ok(venv)
 }
 
+/// `cmd` (a cargo command) with `LIBTORCH` set to `libtorch`, a torch installation
+/// ([`Venv::torch_dir`]): how torch-sys, and so tensorbridge-tch, find libtorch (BUILD.md
+/// gotcha 1). Give every cargo command of a task the same value: torch-sys rebuilds when it
+/// changes.
+pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
+    cmd.env("LIBTORCH", libtorch);
+    cmd
+}
+
 /// The interpreter that creates the environment: `$PYTHON`, or `python3`.
 fn python3() -> OsString {
     env::var_os("PYTHON").unwrap_or_else(|| "python3".into())

@@ -374,11 +374,52 @@ pub(crate) fn retire(consumer: &CudaStream, owner: Owner) {
     }
 }
 
+/// Keeps `owner` alive until the work enqueued so far on `stream`, a stream of device
+/// `ordinal`'s primary context, has finished on the device; [`reclaim`] releases it then.
+/// Never blocks the host.
+///
+/// For owners whose memory another framework may still be using on the GPU when it lets go
+/// of them: the tch adapter calls it from the deleter libtorch runs when a tensor's storage
+/// is freed, with the stream the tensor was handed to. Without libcuda no device work can be
+/// pending, and the owner is dropped at once. If the driver refuses the event, the owner is
+/// leaked instead: never freed early.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `stream` is a live stream for the duration of the call: a default stream (device
+///    `ordinal`'s primary context's; [`Stream::PerThreadDefault`] is the calling thread's),
+///    or the handle of a stream of that context that has not been destroyed.
+pub unsafe fn retire_on(ordinal: u32, stream: Stream, owner: Owner) {
+    if !driver_present() {
+        drop(owner);
+        return;
+    }
+    let recorded = device(ordinal).and_then(|dev| {
+        let done = Event::pooled(&dev)?;
+        // SAFETY: `stream` is live for the call (our caller's obligation 1); the event is in
+        // the device's primary context, the stream's.
+        unsafe { done.record(raw_stream(stream)) }?;
+        Ok(done)
+    });
+    match recorded {
+        Ok(done) => RETIRED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Retired {
+                done,
+                _owner: owner,
+            }),
+        // Nothing proves the device is done with the memory: keep it forever.
+        Err(_) => std::mem::forget(owner),
+    }
+}
+
 /// Releases the owners that dropped views kept alive, once the device has finished the
 /// consumer work enqueued before each view was dropped, and returns how many still wait.
 ///
 /// Called by this crate on every [`view`](crate::view) and
-/// [`try_into_slice`](crate::try_into_slice); call it yourself to release memory sooner
+/// [`try_into_slice`](crate::try_into_slice) (and by the tch adapter when it hands memory to
+/// libtorch); call it yourself to release memory sooner
 /// when no more views are coming. Never blocks on the device.
 pub fn reclaim() -> usize {
     let mut done = Vec::new();

@@ -12,6 +12,7 @@
 //! | hand-off to a cudarc stream | [`handoff_to`], [`make_ready_on_stream`] | none | event recorded on the producer, `cuStreamWaitEvent` on the consumer; [`handoff_to`] then records a [`CudaSignal`] on the consumer (it keeps the stream alive); host never blocked |
 //! | hand-off to a raw stream handle | `unsafe` [`handoff`], [`make_ready_on`] | none | the same; [`handoff`] gives [`Ready::Stream`] of the consumer, which the caller keeps alive |
 //! | [`Ready::Stream`] -> [`Ready::Signal`] | [`record_ready`] | none | a pooled event recorded now ([`CudaSignal`]) |
+//! | owner released after a raw stream's work | `unsafe` [`retire_on`], then [`reclaim`] | none | an event recorded on the stream; the owner drops once it completed |
 //! | raw address -> allocation | [`inspect`], [`check_span`] | none | none |
 //!
 //! A slice whose stream is a per-thread default stream, or belongs to a non-primary context,
@@ -114,7 +115,7 @@
 //! - **Consumer and producer arguments**: functions that take a raw
 //!   [`Stream`](tensorbridge::Stream) and hand it to the driver are `unsafe`, and the caller
 //!   vouches that it is live for the call ([`make_ready_on`], [`CudaSignal::record`],
-//!   [`CudaSignal::wait_on`], [`Borrowed::make_ready_on`], [`Borrowed::join`]), or, where the
+//!   [`CudaSignal::wait_on`], [`Borrowed::make_ready_on`], [`Borrowed::join`], [`retire_on`]), or, where the
 //!   result names it, for as long as that result does ([`handoff`]). Each has a safe
 //!   counterpart that takes a cudarc stream, live for the call by construction:
 //!   [`make_ready_on_stream`], [`handoff_to`], [`CudaSignal::record_on`],
@@ -166,7 +167,7 @@ mod slice;
 mod view;
 
 pub use driver::{
-    driver_present, primary_context, raw_stream, reclaim, stream_from_raw, stream_of,
+    driver_present, primary_context, raw_stream, reclaim, retire_on, stream_from_raw, stream_of,
 };
 pub use dtype::CudaElement;
 pub use error::{Error, IntoTensorError};

@@ -1,0 +1,170 @@
+//! tch -> [`Tensor`]: describe through the shim, validate in the core, keep a shallow clone.
+
+use std::ptr;
+use std::slice;
+
+use tensorbridge::{Access, Device, RawTensor, Ready, Stream, Tensor};
+
+use crate::ffi::{self, TensorInfo};
+use crate::{Error, TorchDevice, TorchDeviceType, TorchLayout};
+
+/// Keeps a shallow clone of the shared tch tensor, and with it the storage, alive.
+struct TchOwner(
+    /// Never read: held so that the storage lives until the last clone of the core tensor
+    /// is dropped.
+    #[allow(dead_code)] // Read by no one on purpose; see the field's docs.
+    tch::Tensor,
+);
+
+// SAFETY: `tch::Tensor` is `Send` but not `Sync` because its methods may not be called from
+// two threads at once through `&`. The owner never gives out a reference to the tensor: it is
+// only ever dropped, once, by whichever thread drops the last clone of the `Arc`, which
+// `Send` allows. Shared references to a `TchOwner` therefore permit nothing.
+unsafe impl Sync for TchOwner {}
+
+/// The shim's description of `t`.
+fn describe(t: &tch::Tensor) -> Result<TensorInfo, Error> {
+    let mut info = TensorInfo::zeroed();
+    let mut err = ptr::null_mut();
+    // SAFETY: `t.as_ptr()` is a live `C_tensor` (a heap `at::Tensor`) borrowed for the call;
+    // `info` and `err` are live locals the shim writes once each.
+    let status = unsafe { ffi::tb_tch_describe(t.as_ptr(), &mut info, &mut err) };
+    // SAFETY: `err` is what this call stored.
+    unsafe { ffi::check("tb_tch_describe", status, err) }?;
+    Ok(info)
+}
+
+/// libtorch's current stream of CUDA device `index` on this thread, as the core names it (a
+/// raw handle; the default stream, null, is the legacy default stream).
+pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
+    let mut handle = ptr::null_mut();
+    let mut err = ptr::null_mut();
+    // SAFETY: plain values and two live out-parameters the shim writes once each.
+    let status =
+        unsafe { ffi::tb_tch_current_stream(TorchDeviceType::CUDA, index, &mut handle, &mut err) };
+    // SAFETY: `err` is what this call stored.
+    unsafe { ffi::check("tb_tch_current_stream", status, err) }?;
+    Ok(tensorbridge_cudarc::stream_from_raw(handle.cast()))
+}
+
+/// A tch tensor as a core [`Tensor`], zero-copy: same memory, same shape, strides in
+/// elements and storage offset (as the byte offset), read-write.
+///
+/// The tensor's owner is a shallow clone of `t` (libtorch's reference count on the storage),
+/// so the memory stays alive until the last clone of the returned tensor is dropped, however
+/// long `t` itself lives. On CUDA the tensor is [`Ready::Stream`] of libtorch's current
+/// stream for its device on this thread, where PyTorch's convention places pending work.
+///
+/// Refused with a typed error: undefined tensors, non-strided layouts (sparse, MKL-DNN),
+/// tensors whose conjugate or negative bit is set, scalar types without a DLPack code
+/// (quantized, `Bits*`, sub-byte integers), devices other than CPU and CUDA (meta, MPS...).
+///
+/// ```
+/// let t = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([2, 3]);
+/// let col = t.narrow(1, 1, 1); // a view libtorch made: offset 1, strides [3, 1]
+/// let shared = tensorbridge_tch::from_tch(&col)?;
+/// assert_eq!(shared.shape(), [2, 1]);
+/// assert_eq!(shared.byte_offset(), 4); // the storage offset, in bytes
+/// assert_eq!(shared.data_ptr(), col.data_ptr() as usize); // the same memory
+/// assert_eq!(shared.host_view::<f32>()?.to_contiguous(), [2.0, 5.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
+    let info = describe(t)?;
+    if info.defined == 0 {
+        return Err(Error::Undefined);
+    }
+    let torch_device = TorchDevice {
+        kind: info.device_type,
+        index: info.device_index,
+    };
+    let device = match (info.device_type, u32::try_from(info.device_index)) {
+        (TorchDeviceType::CPU, _) => Device::CPU,
+        (TorchDeviceType::CUDA, Ok(ordinal)) => Device::cuda(ordinal),
+        _ => {
+            return Err(Error::UnsupportedTorchDevice {
+                device: torch_device,
+            });
+        }
+    };
+    if info.layout != TorchLayout::STRIDED {
+        return Err(Error::NotStrided {
+            layout: info.layout,
+        });
+    }
+    if info.is_conj != 0 {
+        return Err(Error::ConjugateBit);
+    }
+    if info.is_neg != 0 {
+        return Err(Error::NegativeBit);
+    }
+    let dtype = info.scalar_type.to_dtype()?;
+    let ndim = usize::try_from(info.ndim).unwrap_or(0);
+    let (sizes, strides): (&[i64], &[i64]) = if ndim == 0 {
+        (&[], &[])
+    } else {
+        // SAFETY: for a defined strided tensor the shim points `sizes` and `strides`
+        // at the tensor's own `ndim` extents and strides, which live as long as the tensor
+        // is not resized; `t` is borrowed (and not `Sync`), so nothing resizes it before
+        // the core has copied them (`validate` below).
+        let sizes = unsafe { slice::from_raw_parts(info.sizes, ndim) };
+        // SAFETY: as for `sizes` just above.
+        let strides = unsafe { slice::from_raw_parts(info.strides, ndim) };
+        (sizes, strides)
+    };
+    let data = info.data as usize;
+    // libtorch's `data_ptr()` is the storage's start plus the storage offset: describe it as
+    // such, unless the arithmetic does not hold (tensors without elements may have a null
+    // pointer whatever their offset), in which case the offset is folded in.
+    let offset = u64::try_from(info.storage_offset)
+        .ok()
+        .and_then(|o| o.checked_mul(u64::try_from(info.itemsize).ok()?))
+        .filter(|&bytes| usize::try_from(bytes).is_ok_and(|b| b <= data));
+    let (base, byte_offset) = match offset {
+        Some(bytes) => (data - bytes as usize, bytes),
+        None => (data, 0),
+    };
+    let raw = RawTensor {
+        strides: Some(strides),
+        byte_offset,
+        access: Access::ReadWrite,
+        ..RawTensor::new(base, device, dtype, sizes)
+    };
+    let desc = raw.validate()?;
+    let ready = match device.kind {
+        tensorbridge::DeviceType::Cuda => match current_cuda_stream(info.device_index)? {
+            // Only an external stream that is the per-thread sentinel gets here; it names
+            // another stream on every thread, so the tensor carries an event instead.
+            // SAFETY: the calling thread's per-thread default stream, live for the call.
+            Stream::PerThreadDefault => unsafe {
+                tensorbridge_cudarc::CudaSignal::record(device.ordinal, Stream::PerThreadDefault)
+            }?
+            .into_ready(),
+            stream => Ready::Stream(stream),
+        },
+        _ => Ready::Now,
+    };
+    let owner = std::sync::Arc::new(TchOwner(t.shallow_clone()));
+    // SAFETY: from_descriptor:
+    // - 1: the span is the part of `t`'s storage that its sizes, strides and offset reach,
+    //   which libtorch keeps allocated, on the device it reports, while the shallow clone in
+    //   the owner holds the storage; libtorch tensors are writable;
+    // - 2: host views of the result read while libtorch may write through other tensors of
+    //   the same storage only if safe tch code writes from another thread at the same time,
+    //   which tch itself allows for its own shallow clones: this crate adds no race that tch
+    //   does not have (see the crate's `# Soundness`).
+    let tensor = unsafe { Tensor::from_descriptor(desc, owner) };
+    Ok(match ready {
+        Ready::Now => tensor,
+        // SAFETY: with_ready:
+        // - 1: PyTorch's convention is that the work producing a tensor is enqueued on the
+        //   current stream of its device; the data is ready once that stream's work so far
+        //   has finished;
+        // - 2: the stream is libtorch's current stream of the tensor's device: its default
+        //   stream or a stream of its pool, which libtorch never destroys (the device's
+        //   primary context, as libtorch uses the runtime API). An external stream made
+        //   current by C++ or Python code is that code's to keep alive (tch cannot);
+        // - 3: a per-thread default stream became an event above; a signal names none.
+        ready => unsafe { tensor.with_ready(ready) },
+    })
+}

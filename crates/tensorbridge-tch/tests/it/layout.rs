@@ -1,0 +1,103 @@
+//! Shapes and strides both ways, over the testkit's small layouts: strides >= 0 cross
+//! unchanged (libtorch has no negative strides, which are refused with the first offending
+//! dimension), and libtorch's own views keep their strides and storage offset.
+
+use proptest::prelude::*;
+use tensorbridge_tch::{Error, ToTchOptions, from_tch, to_tch_with};
+use tensorbridge_testkit::{DropCounter, HostBuffer, small_layout};
+
+use crate::torch_values;
+
+/// Small layouts with strides >= 0 (zero strides, broadcasting, included).
+fn torch_layout() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
+    small_layout(5).prop_map(|(shape, strides)| {
+        let strides = strides.into_iter().map(i64::abs).collect();
+        (shape, strides)
+    })
+}
+
+proptest! {
+    #[test]
+    fn host_layouts_roundtrip_through_tch((shape, strides) in torch_layout()) {
+        let buffer = HostBuffer::new(&shape, &strides, |i| i as f32 + 0.5);
+        let expected = buffer.expected_contiguous();
+        let counter = DropCounter::new();
+        let t = buffer.into_tensor(&counter); // read-only: the buffer is shared
+        // SAFETY: nothing writes through the libtorch tensor.
+        let options = unsafe { ToTchOptions::new().allow_read_only() };
+        let torch = to_tch_with(&t, options).unwrap();
+        prop_assert_eq!(torch.size(), shape.clone());
+        prop_assert_eq!(torch.stride(), strides.clone());
+        if t.numel() > 0 {
+            prop_assert_eq!(torch.data_ptr() as usize, t.data_ptr());
+        }
+        prop_assert_eq!(torch_values(&torch), expected.clone());
+
+        let back = from_tch(&torch).unwrap();
+        prop_assert_eq!(back.shape(), &shape[..]);
+        prop_assert_eq!(back.strides_elems(), &strides[..]);
+        prop_assert_eq!(back.data_ptr(), torch.data_ptr() as usize);
+        prop_assert_eq!(back.host_view::<f32>().unwrap().to_contiguous(), expected);
+
+        drop((t, torch));
+        prop_assert_eq!(counter.drops(), 0);
+        drop(back);
+        prop_assert_eq!(counter.drops(), 1);
+    }
+
+    #[test]
+    fn negative_strides_are_refused_with_the_first_one((shape, strides) in small_layout(5)) {
+        prop_assume!(strides.iter().any(|&s| s < 0));
+        let buffer = HostBuffer::new(&shape, &strides, |i| i as f32);
+        let counter = DropCounter::new();
+        let t = buffer.into_tensor(&counter);
+        // SAFETY: nothing writes through a libtorch tensor (none is made).
+        let options = unsafe { ToTchOptions::new().allow_read_only() };
+        let dim = strides.iter().position(|&s| s < 0).unwrap();
+        let err = to_tch_with(&t, options).unwrap_err();
+        prop_assert!(
+            matches!(err, Error::NegativeStride { dim: d, stride } if d == dim && stride == strides[dim]),
+            "{err}"
+        );
+        prop_assert_eq!(std::sync::Arc::strong_count(t.owner()), 1, "no clone kept");
+    }
+
+    /// libtorch's own views (narrow, select, transpose, step slices) of a tensor it
+    /// allocated, shared as they are: same memory, strides, storage offset and values.
+    #[test]
+    fn libtorch_views_are_shared_as_they_are(
+        dims in proptest::collection::vec(1i64..=5, 1..=4),
+        ops in proptest::collection::vec((0u8..4, any::<proptest::sample::Index>(), 0i64..3), 0..4),
+    ) {
+        let numel: i64 = dims.iter().product();
+        let base = tch::Tensor::arange(numel, (tch::Kind::Float, tch::Device::Cpu)).reshape(&dims[..]);
+        let mut view = base.shallow_clone();
+        for (op, which, k) in ops {
+            let ndim = view.dim();
+            if ndim == 0 {
+                break;
+            }
+            let d = which.index(ndim) as i64;
+            let n = view.size()[d as usize];
+            view = match op {
+                0 if n > 1 => view.narrow(d, k.min(n - 1), (n - k.min(n - 1)).max(1)),
+                1 if ndim > 1 => view.select(d, k.min(n - 1)),
+                2 if ndim > 1 => view.transpose(d, (d + 1) % ndim as i64),
+                3 => view.slice(d, k.min(n - 1), n, k + 1),
+                _ => view,
+            };
+        }
+        let shared = from_tch(&view).unwrap();
+        prop_assert_eq!(shared.shape(), &view.size()[..]);
+        prop_assert_eq!(shared.strides_elems(), &view.stride()[..]);
+        prop_assert_eq!(shared.data_ptr(), view.data_ptr() as usize);
+        if view.numel() > 0 {
+            // `base` starts its storage (offset 0): the view's storage offset, in bytes, is
+            // how far its element 0 lies from there.
+            let offset = view.data_ptr() as usize - base.data_ptr() as usize;
+            prop_assert_eq!(shared.byte_offset(), offset as u64);
+            prop_assert_eq!(shared.data(), base.data_ptr() as usize);
+        }
+        prop_assert_eq!(shared.host_view::<f32>().unwrap().to_contiguous(), torch_values(&view));
+    }
+}

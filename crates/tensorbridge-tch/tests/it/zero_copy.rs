@@ -1,0 +1,75 @@
+//! Zero-copy in both directions, proven twice: the same address, and a write through one
+//! side read through the other.
+
+use tch::{Device as TchDevice, Kind};
+use tensorbridge::{Device, Ready, Tensor};
+use tensorbridge_tch::{from_tch, to_tch};
+
+use crate::torch_values;
+
+#[test]
+fn to_tch_shares_memory_both_ways() {
+    let t = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[3, 4]).unwrap();
+    let mut torch = to_tch(&t).unwrap();
+    assert_eq!(torch.data_ptr() as usize, t.data_ptr());
+    assert_eq!(torch.device(), TchDevice::Cpu);
+    assert_eq!(torch.kind(), Kind::Float);
+    assert_eq!((torch.size(), torch.stride()), (vec![3, 4], vec![4, 1]));
+
+    // libtorch writes; the core tensor sees it.
+    let _ = torch.narrow(0, 1, 1).fill_(-1.0);
+    {
+        let view = t.host_view::<f32>().unwrap();
+        assert_eq!(view.get(&[1, 0]).unwrap(), -1.0);
+        assert_eq!(view.get(&[2, 3]).unwrap(), 11.0);
+    }
+
+    // The core writes; libtorch sees it.
+    {
+        // SAFETY: nothing else reads or writes the buffer while the view lives (libtorch is
+        // idle on this thread).
+        let mut w = unsafe { t.host_view_mut::<f32>() }.unwrap();
+        w.set(&[0, 3], 42.0).unwrap();
+    }
+    let _ = torch.g_mul_scalar_(2.0);
+    assert_eq!(torch_values(&torch)[3], 84.0);
+    assert_eq!(t.host_view::<f32>().unwrap().get(&[0, 3]).unwrap(), 84.0);
+}
+
+#[test]
+fn from_tch_shares_memory_both_ways() {
+    let mut torch = tch::Tensor::zeros([2, 5], (Kind::Double, TchDevice::Cpu));
+    let shared = from_tch(&torch).unwrap();
+    assert_eq!(shared.data_ptr(), torch.data_ptr() as usize);
+    assert_eq!(shared.device(), Device::CPU);
+    assert!(matches!(shared.ready(), Ready::Now));
+    assert!(!shared.is_readonly());
+
+    let _ = torch.fill_(3.5);
+    assert!(shared.host_view::<f64>().unwrap().iter().all(|v| v == 3.5));
+    {
+        // SAFETY: nothing else reads or writes the storage while the view lives.
+        let mut w = unsafe { shared.host_view_mut::<f64>() }.unwrap();
+        w.set(&[1, 4], 7.0).unwrap();
+    }
+    assert_eq!(torch.double_value(&[1, 4]), 7.0);
+}
+
+#[test]
+fn offsets_survive_both_ways() {
+    // A core tensor whose element 0 lies 8 bytes into its buffer.
+    let base = Tensor::from_vec((0..8).collect::<Vec<i32>>(), &[8]).unwrap();
+    let raw = tensorbridge::RawTensor {
+        byte_offset: 8,
+        ..tensorbridge::RawTensor::host(base.data_ptr(), base.dtype(), &[3])
+    };
+    // SAFETY: elements 2, 3 and 4 of `base`, whose owner is shared.
+    let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone()) };
+    let torch = to_tch(&t).unwrap();
+    assert_eq!(torch.data_ptr() as usize, base.data_ptr() + 8); // folded into the pointer
+    assert_eq!(Vec::<i32>::try_from(&torch).unwrap(), [2, 3, 4]);
+    let back = from_tch(&torch.narrow(0, 1, 2)).unwrap();
+    // libtorch's storage starts at element 0 of `t`: the view's storage offset is 1.
+    assert_eq!((back.data(), back.byte_offset()), (base.data_ptr() + 8, 4));
+    assert_eq!(back.host_view::<i32>().unwrap().to_contiguous(), [3, 4]);
+}
