@@ -115,8 +115,9 @@
 //! - **Consumer and producer arguments**: functions that take a raw
 //!   [`Stream`](tensorbridge::Stream) and hand it to the driver are `unsafe`, and the caller
 //!   vouches that it is live for the call ([`make_ready_on`], [`CudaSignal::record`],
-//!   [`CudaSignal::wait_on`], [`Borrowed::make_ready_on`], [`Borrowed::join`], [`retire_on`]), or, where the
-//!   result names it, for as long as that result does ([`handoff`]). Each has a safe
+//!   [`CudaSignal::wait_on`], [`Borrowed::make_ready_on`], [`Borrowed::join`],
+//!   [`retire_on`]), or, where the result names it, for as long as that result does
+//!   ([`handoff`]). Each has a safe
 //!   counterpart that takes a cudarc stream, live for the call by construction:
 //!   [`make_ready_on_stream`], [`handoff_to`], [`CudaSignal::record_on`],
 //!   [`CudaSignal::wait_on_stream`], [`Borrowed::make_ready_on_stream`],

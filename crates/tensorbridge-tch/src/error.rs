@@ -87,7 +87,8 @@ pub enum Error {
         /// The tensor's dtype.
         dtype: DType,
     },
-    /// A dtype whose libtorch scalar type has no tch `Kind` ([`kind_of_dtype`](crate::kind_of_dtype)).
+    /// A dtype whose libtorch scalar type has no tch `Kind`
+    /// ([`kind_of_dtype`](crate::kind_of_dtype)).
     #[error(
         "dtype {dtype} is libtorch's {scalar_type}, which tch 0.24 has no Kind for (expected a dtype with a tch::Kind)"
     )]

@@ -57,7 +57,9 @@
 //!   readiness [`from_tch`] attaches, and the hand-off [`to_tch`] makes, name live streams.
 //!   tch has no stream API; C++ or Python code in the same process that makes an external
 //!   stream current (`torch.cuda.ExternalStream`) must keep it alive while tensors made
-//!   meanwhile are in use, as libtorch itself requires.
+//!   meanwhile are in use, as libtorch itself requires. An external stream that is the
+//!   per-thread sentinel (`0x2`) names another stream on every thread: [`from_tch`] records
+//!   an event on it instead, and the deleter waits on the legacy stream.
 //!
 //! # Limitations
 //! - Dtypes ([`ScalarType`] has the table): every libtorch scalar type with a DLPack code,

@@ -43,7 +43,8 @@ fn cudarc_memory_crosses_into_libtorch_and_back() -> Result<()> {
     let stream = ctx.new_stream()?;
     let host: Vec<f32> = (0..1024).map(|i| i as f32).collect();
     let slice = stream.clone_htod(&host)?;
-    let tensor = tbc::into_tensor_shaped(slice, &Layout::row_major(&[32, 32])?)?; // Ready::Stream(stream)
+    // Ready::Stream(stream): the upload is pending there.
+    let tensor = tbc::into_tensor_shaped(slice, &Layout::row_major(&[32, 32])?)?;
     let ptr = tensor.data_ptr();
 
     let mut torch = to_tch(&tensor)?; // libtorch's stream waits for `stream` on the GPU
