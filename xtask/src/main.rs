@@ -36,7 +36,9 @@ tasks:
       Report the GPUs found, build the GPU test binaries (release, stripped) and the
       wheel, and run them here with the Python GPU suite; with --bundle, copy them, the
       wheel and the Python tests into DIR (made afresh) with a run.sh for a GPU machine
-      that has no Rust toolchain. ARGS go to every test binary (-- --nocapture).
+      that has no Rust toolchain, plus every bench (release, stripped) and bench.sh, which
+      runs them pinned to one core with the Python comparison. ARGS go to every test
+      binary (-- --nocapture).
   bench [-- ARGS...]
       cargo bench -p tensorbridge-benches with the CPU groups (tch included, with the
       venv's libtorch); ARGS go to criterion (-- --quick).

@@ -71,9 +71,17 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         examples: root().join(PYTHON_CRATE).join("examples"),
     };
     match bundle {
-        Some(dir) => steps.run(&format!("bundle into {}", dir.display()), || {
-            write_bundle(dir, &binaries, &python)
-        }),
+        Some(dir) => {
+            // The bench groups for the GPU machine: the GPU ones (feature `gpu`) and the CPU
+            // ones, so that they are measured on the same quiet host in the same run.
+            let benches = steps.run("build the benches (release, stripped)", || {
+                build_benches(&libtorch)
+            })?;
+            steps.run(&format!("bundle into {}", dir.display()), || {
+                write_bundle(dir, &binaries, &python)?;
+                write_benches(dir, &benches)
+            })
+        }
         None => {
             steps.cmd(
                 "python: install the wheels",
@@ -229,6 +237,112 @@ fn test_binaries(json_lines: &str) -> Vec<TestBinary> {
         });
     }
     found
+}
+
+/// Builds every bench of tensorbridge-benches with the `gpu` and `tch` features (release,
+/// stripped) and returns them as (name, path).
+fn build_benches(libtorch: &Path) -> Result<Vec<TestBinary>> {
+    let mut cmd = with_libtorch(cargo(), libtorch);
+    cmd.args([
+        "bench",
+        "-p",
+        "tensorbridge-benches",
+        "--features",
+        "gpu,tch",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .env("CARGO_PROFILE_BENCH_STRIP", "symbols")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    println!("{}", display(&cmd));
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", display(&cmd)))?;
+    if !out.status.success() {
+        bail!("`{}` exited with {}", display(&cmd), out.status);
+    }
+    let mut benches = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if !line.contains(r#""reason":"compiler-artifact""#) {
+            continue;
+        }
+        let Some(target) = object(line, "target") else {
+            continue;
+        };
+        let is_bench = array(target, "kind").is_some_and(|k| k.contains(r#""bench""#));
+        if let (true, Some(path), Some(name)) = (
+            is_bench,
+            string_field(line, "executable"),
+            string_field(target, "name"),
+        ) {
+            benches.push(TestBinary {
+                name,
+                path: PathBuf::from(path),
+            });
+        }
+    }
+    if benches.is_empty() {
+        bail!("cargo built no bench binaries");
+    }
+    Ok(benches)
+}
+
+/// Copies the benches into `dir/benches`, the Python comparison and the plot script beside
+/// them, and writes `bench.sh`.
+fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
+    let to = dir.join("benches");
+    fs::create_dir_all(&to).with_context(|| format!("creating {}", to.display()))?;
+    for bench in benches {
+        fs::copy(&bench.path, to.join(&bench.name))
+            .with_context(|| format!("copying {}", bench.path.display()))?;
+    }
+    for script in ["benches/python/compare.py", "benches/plot_copy_vs_share.py"] {
+        let from = root().join(script);
+        let name = from.file_name().context("a script has a file name")?;
+        fs::copy(&from, to.join(name)).with_context(|| format!("copying {}", from.display()))?;
+    }
+    let bench_sh = dir.join("bench.sh");
+    fs::write(&bench_sh, bench_script())
+        .with_context(|| format!("writing {}", bench_sh.display()))?;
+    fs::set_permissions(&bench_sh, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", bench_sh.display()))?;
+    println!("benches: {} binaries, bench.sh", benches.len());
+    Ok(())
+}
+
+/// `bench.sh`: every bench on one pinned core of the GPU machine, then the Python side by
+/// side; results (criterion's output, the CSV, the SVG, compare.json) under `$OUT`.
+fn bench_script() -> String {
+    format!(
+        r#"#!/usr/bin/env bash
+# Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
+# groups (CPU and GPU) pinned to one core, copy_vs_share, and the Python comparison.
+# Written by `cargo xtask test-gpu --bundle`. Usage: ./bench.sh [CRITERION ARGS...].
+# TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
+set -u
+here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+export LD_LIBRARY_PATH="{GPU_MACHINE_LD_LIBRARY_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+out="${{OUT:-$here/bench-out}}"
+mkdir -p "$out"
+cpu="${{TB_BENCH_CPU:-5}}"
+echo "==> host: $(lscpu | sed -n 's/^Model name: *//p'), benches pinned to core $cpu"
+for b in core dlpack cai tch cudarc; do
+    [ -x "$here/benches/$b" ] || continue
+    echo "==> bench $b"
+    CRITERION_HOME="$out/criterion" taskset -c "$cpu" "$here/benches/$b" --bench "$@"
+done
+echo "==> copy_vs_share"
+OUT="$out" taskset -c "$cpu" "$here/benches/copy_vs_share"
+python3 "$here/benches/plot_copy_vs_share.py" "$out/copy_vs_share.csv" "$out/copy_vs_share.svg"
+echo "==> python comparison"
+py="${{PYTHON:-python3}}"
+if [ ! -d "$here/py" ]; then
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl
+fi
+OUT="$out" PYTHONPATH="$here/py${{PYTHONPATH:+:$PYTHONPATH}}" taskset -c "$cpu" "$py" "$here/benches/compare.py"
+"#
+    )
 }
 
 /// The flat object `"key":{...}` in `json`, braces included.
