@@ -56,7 +56,54 @@ unsafe fn compatible(api: *mut DLPackExchangeAPI) -> Option<NonNull<DLPackExchan
 ///
 /// A table of a major version this crate does not read is no table: the importer falls back
 /// to `__dlpack__`, which such producers implement too.
+///
+/// Remembered per type: the capsule is a type attribute with static,
+/// process-lifetime storage, which consumers may cache per type (PROTOCOLS.md 1.11). Looking
+/// it up costs two failed attribute lookups (two `AttributeError`s raised and cleared, about
+/// a microsecond) for every type without one, CuPy's and NumPy's included, on every import.
+///
+/// The cache holds a strong reference to each type (so its address cannot be reused by
+/// another type) and at most [`TYPE_CACHE`] types; past that, lookups are not cached. A type
+/// that gains or loses the attribute after its first import keeps its first answer. Errors
+/// are never cached.
 pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
+    use std::sync::Mutex;
+
+    use pyo3::sync::PyOnceLock;
+    use pyo3::types::PyType;
+
+    /// (the type, the table's address or 0 for none).
+    type Entry = (Py<PyType>, usize);
+    static CACHE: PyOnceLock<Mutex<Vec<Entry>>> = PyOnceLock::new();
+    let py = obj.py();
+    let cache = CACHE.get_or_init(py, || Mutex::new(Vec::new()));
+    let ty = obj.get_type();
+    {
+        // Poisoning cannot leave the list inconsistent (pushes are whole entries).
+        let entries = cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, addr)) = entries.iter().find(|(t, _)| t.as_ptr() == ty.as_ptr()) {
+            return Ok(NonNull::new(std::ptr::with_exposed_provenance_mut(*addr))
+                .map(|api| ExchangeApi { api }));
+        }
+    }
+    let found = lookup(obj)?;
+    let mut entries = cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if entries.len() < TYPE_CACHE {
+        let addr = found.map_or(0, |f| f.api.as_ptr().expose_provenance());
+        entries.push((ty.unbind(), addr));
+    }
+    Ok(found)
+}
+
+/// The most types [`find`] remembers.
+const TYPE_CACHE: usize = 64;
+
+/// [`find`] without the cache: the type's attributes, read now.
+fn lookup(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
     let py = obj.py();
     let ty = obj.get_type();
     let problem = |problem| Error::Exchange {

@@ -4,6 +4,7 @@
 
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use tensorbridge::{DeviceType, StreamConvention, StreamRequest, Tensor, stream_from_wire};
 use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
@@ -24,12 +25,24 @@ use crate::interfaces::{array_to_py, cai_to_py};
 #[pyclass(module = "tensorbridge", name = "View", frozen)]
 pub struct View {
     tensor: Tensor,
+    /// `__cuda_array_interface__`, built on first access: the view
+    /// is immutable, and consumers such as CuPy and Numba read the dict on every import
+    /// (building it costs more than the rest of their import; measured in
+    /// `benches/python/compare.py`). Each access returns a copy, so a consumer that edits its
+    /// dict cannot change what the next one reads.
+    cai: PyOnceLock<Py<PyDict>>,
+    /// The same for `__array_interface__` (pinned host memory has both).
+    ai: PyOnceLock<Py<PyDict>>,
 }
 
 impl View {
     /// A view of `tensor`.
     pub fn new(tensor: Tensor) -> View {
-        View { tensor }
+        View {
+            tensor,
+            cai: PyOnceLock::new(),
+            ai: PyOnceLock::new(),
+        }
     }
 
     /// The tensor this view shows.
@@ -266,10 +279,13 @@ impl View {
     /// interface cannot name (fp8, fp4), so consumers fall back to DLPack.
     #[getter(__cuda_array_interface__)]
     fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let cai = CudaArrayInterface::from_tensor(&self.tensor).map_err(|e| {
-            PyAttributeError::new_err(format!("this view has no __cuda_array_interface__: {e}"))
+        let dict = self.cai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+            let cai = CudaArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+                PyAttributeError::new_err(format!("this view has no __cuda_array_interface__: {e}"))
+            })?;
+            Ok(cai_to_py(py, &cai)?.unbind())
         })?;
-        cai_to_py(py, &cai)
+        dict.bind(py).copy()
     }
 
     /// NumPy's array interface (version 3) of a host view; the view must stay alive while
@@ -277,10 +293,13 @@ impl View {
     /// name (fp8, fp4), so consumers fall back to DLPack.
     #[getter(__array_interface__)]
     fn array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let ai = ArrayInterface::from_tensor(&self.tensor).map_err(|e| {
-            PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
+        let dict = self.ai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+            let ai = ArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+                PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
+            })?;
+            Ok(array_to_py(py, &ai)?.unbind())
         })?;
-        array_to_py(py, &ai)
+        dict.bind(py).copy()
     }
 
     fn __repr__(&self) -> String {
