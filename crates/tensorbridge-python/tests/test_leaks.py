@@ -1,4 +1,4 @@
-"""Leak tests: 100 000 conversions per path; the producer's reference count must come back to
+"""Leak tests: 100 000 conversions per path (``TB_LEAK_N`` to change it); the producer's reference count must come back to
 exactly where it was, and the resident set size (``/proc/self/statm``) may grow by at most
 ``RSS_TOLERANCE`` after a warm-up.
 
@@ -10,6 +10,7 @@ conversion is >= 8 MB over 100 000 conversions, and a leaked Python object per c
 
 import ctypes
 import gc
+import os
 import sys
 import time
 
@@ -18,7 +19,8 @@ import pytest
 
 from tbhelpers import aligned_numpy, rss_bytes
 
-N = 100_000
+# TB_LEAK_N overrides it, for the 1e6-conversion soak (`TB_LEAK_N=1000000 pytest ...`).
+N = int(os.environ.get("TB_LEAK_N", 100_000))
 WARMUP = 5_000
 RSS_TOLERANCE = 2 * 1024 * 1024
 
