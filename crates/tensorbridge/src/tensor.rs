@@ -582,6 +582,11 @@ impl Tensor {
     /// let mut slot = Box::new(MaybeUninit::<Tensor>::uninit());
     /// let copy = t.clone_into_uninit(&mut slot);
     /// assert_eq!(copy.descriptor(), t.descriptor());
+    /// // `MaybeUninit` never drops what it holds: take the clone out to release it (Miri
+    /// // reports the leak otherwise).
+    /// // SAFETY: initialised by `clone_into_uninit` above, and taken out once.
+    /// let copy = unsafe { slot.assume_init_read() };
+    /// drop(copy);
     /// # Ok::<(), tensorbridge::Error>(())
     /// ```
     #[inline]
