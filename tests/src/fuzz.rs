@@ -19,11 +19,14 @@ use tensorbridge_cai::{
     ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, ImportOptions,
     TypeStr,
 };
+use tensorbridge_dlpack::dlpark::ManagedTensorBase;
 use tensorbridge_dlpack::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
     DLPackVersion, DLTensor, DlpackFlags,
 };
-use tensorbridge_dlpack::{export_versioned, import_legacy, import_versioned};
+use tensorbridge_dlpack::{
+    ImportError, Imported, export_versioned, import_legacy, import_versioned,
+};
 
 /// Reads fuzz bytes as a stream of values; past the end every read is 0.
 struct Bytes<'a>(&'a [u8]);
@@ -288,21 +291,41 @@ struct Producer {
     _strides: Vec<i64>,
 }
 
-unsafe extern "C" fn release_versioned(m: *mut DLManagedTensorVersioned) {
-    // SAFETY: called once per struct (the property under test), with a struct that
-    // `dlpack` boxed together with its `Producer`, both still live.
+/// The deleter of every fuzzed struct, legacy or versioned: frees the struct and its
+/// `Producer`, counting the release.
+///
+/// # Safety
+/// 1. `m` is a struct that `dlpack` boxed together with its `Producer` (in `manager_ctx`),
+///    both still live; called once per struct (the property under test).
+unsafe extern "C" fn release<M: ManagedTensorBase>(m: *mut M) {
+    // SAFETY: obligation 1: the box made in `dlpack`, released once.
     let m = unsafe { Box::from_raw(m) };
-    // SAFETY: `manager_ctx` is the `Producer` box made for this struct.
-    let producer = unsafe { Box::from_raw(m.manager_ctx.cast::<Producer>()) };
+    // SAFETY: obligation 1: `manager_ctx` is the `Producer` box made for this struct.
+    let producer = unsafe { Box::from_raw(m.manager_ctx().cast::<Producer>()) };
     producer.released.fetch_add(1, Ordering::SeqCst);
 }
 
-unsafe extern "C" fn release_legacy(m: *mut DLManagedTensor) {
-    // SAFETY: as `release_versioned`.
-    let m = unsafe { Box::from_raw(m) };
-    // SAFETY: as `release_versioned`.
-    let producer = unsafe { Box::from_raw(m.manager_ctx.cast::<Producer>()) };
-    producer.released.fetch_add(1, Ordering::SeqCst);
+/// An import's outcome: the tensor, or `None` after the refused struct was released, by the
+/// caller through [`ImportError::into_inner`] (`give_back`) or by dropping the error.
+fn settle<M: ManagedTensorBase>(
+    result: Result<Imported, ImportError<M>>,
+    give_back: bool,
+) -> Option<Tensor> {
+    match result {
+        Ok(imported) => Some(imported.into_tensor()),
+        Err(e) if give_back => {
+            if let Some(m) = e.into_inner() {
+                // SAFETY: given back untouched and ours: released once, here, through its
+                // deleter.
+                unsafe { M::drop_raw(m.as_ptr()) };
+            }
+            None
+        }
+        Err(e) => {
+            drop(e);
+            None
+        }
+    }
 }
 
 /// Target `dlpack`: managed tensors with arbitrary field values (version, flags, device,
@@ -361,7 +384,7 @@ pub fn dlpack(data: &[u8]) {
         let m = Box::into_raw(Box::new(DLManagedTensor {
             dl_tensor: dl,
             manager_ctx: producer,
-            deleter: Some(release_legacy),
+            deleter: Some(release::<DLManagedTensor>),
         }));
         let access = if b.bool() {
             Access::ReadOnly
@@ -371,20 +394,8 @@ pub fn dlpack(data: &[u8]) {
         // SAFETY: a live struct whose shape and strides (owned by the producer box) hold
         // `ndim` values when non-null and `ndim` is in range; the deleter frees both boxes
         // once; the data address is never dereferenced (obligation 3 is moot).
-        match unsafe { import_legacy(NonNull::new(m).expect("boxed"), access) } {
-            Ok(imported) => Some(imported.into_tensor()),
-            Err(e) => {
-                if give_back {
-                    if let Some(m) = e.into_inner() {
-                        // SAFETY: given back untouched and ours: released once, here.
-                        unsafe { release_legacy(m.as_ptr()) };
-                    }
-                } else {
-                    drop(e);
-                }
-                None
-            }
-        }
+        let result = unsafe { import_legacy(NonNull::new(m).expect("boxed"), access) };
+        settle(result, give_back)
     } else {
         let version = DLPackVersion {
             major: if b.u8().is_multiple_of(8) {
@@ -402,25 +413,13 @@ pub fn dlpack(data: &[u8]) {
         let m = Box::into_raw(Box::new(DLManagedTensorVersioned {
             version,
             manager_ctx: producer,
-            deleter: Some(release_versioned),
+            deleter: Some(release::<DLManagedTensorVersioned>),
             flags,
             dl_tensor: dl,
         }));
         // SAFETY: as for the legacy struct above.
-        match unsafe { import_versioned(NonNull::new(m).expect("boxed")) } {
-            Ok(imported) => Some(imported.into_tensor()),
-            Err(e) => {
-                if give_back {
-                    if let Some(m) = e.into_inner() {
-                        // SAFETY: given back untouched and ours: released once, here.
-                        unsafe { release_versioned(m.as_ptr()) };
-                    }
-                } else {
-                    drop(e);
-                }
-                None
-            }
-        }
+        let result = unsafe { import_versioned(NonNull::new(m).expect("boxed")) };
+        settle(result, give_back)
     };
     if let Some(tensor) = imported {
         assert_eq!(released.load(Ordering::SeqCst), 0, "released while in use");
