@@ -131,7 +131,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
 /// The Python package: the wheel built and installed into the environment, the pyo3 crate's
 /// Rust tests against the environment's libpython, and the pytest suite against the wheel.
 fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
-    install_wheels(steps, venv)?;
+    build_and_install_wheels(steps, venv)?;
     match venv.libpython_dir()? {
         Some(libdir) => steps.cmd(
             "python: cargo test -p tensorbridge-pyo3",
@@ -158,8 +158,13 @@ fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
 }
 
 /// Builds the wheels ([`build_wheels`]) and installs them into the environment.
-pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv) -> Result<()> {
+pub(crate) fn build_and_install_wheels(steps: &mut Steps, venv: &Venv) -> Result<()> {
     let wheels = build_wheels(steps, venv)?;
+    install_wheels(steps, venv, &wheels)
+}
+
+/// Installs built wheels into the environment, replacing what is there.
+pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf]) -> Result<()> {
     steps.cmd(
         "python: install the wheels",
         venv.python_cmd()
@@ -171,7 +176,7 @@ pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv) -> Result<()> {
                 "--force-reinstall",
                 "--no-deps",
             ])
-            .args(&wheels),
+            .args(wheels),
     )
 }
 

@@ -47,7 +47,7 @@ fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
         return Ok(());
     }
     let venv = venv::ensure(steps)?;
-    ci::install_wheels(steps, &venv)?;
+    ci::build_and_install_wheels(steps, &venv)?;
     steps.cmd(
         "demo: Python frameworks",
         venv.python_cmd()

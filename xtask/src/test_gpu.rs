@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::ci::{PYTHON_CRATE, build_wheels};
+use crate::ci::{self, PYTHON_CRATE, build_wheels};
 use crate::venv::{self, with_libtorch};
 use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 
@@ -83,12 +83,7 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
             })
         }
         None => {
-            steps.cmd(
-                "python: install the wheels",
-                venv.python_cmd()
-                    .args(["-m", "pip", "install", "--force-reinstall", "--no-deps"])
-                    .args(&python.wheels),
-            )?;
+            ci::install_wheels(steps, &venv, &python.wheels)?;
             let mut pytest = venv.python_cmd();
             pytest
                 .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir"])
@@ -166,28 +161,9 @@ fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
     for (package, feature) in GPU_TESTS {
         cmd.args(["-p", package, "--features", &format!("{package}/{feature}")]);
     }
-    cmd.args(["--no-run", "--message-format=json"])
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-        .stdout(Stdio::piped())
-        // `output()` would capture stderr too; cargo's progress belongs on the terminal.
-        .stderr(Stdio::inherit());
-    println!("{}", display(&cmd));
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not start `{}`", display(&cmd)))?;
-    let messages = String::from_utf8_lossy(&out.stdout);
-    // With `--message-format=json` cargo writes warnings and errors into its JSON messages
-    // instead of stderr; show them as cargo would.
-    for line in messages.lines() {
-        if line.contains(r#""reason":"compiler-message""#)
-            && let Some(rendered) = string_field(line, "rendered")
-        {
-            eprint!("{rendered}");
-        }
-    }
-    if !out.status.success() {
-        bail!("`{}` exited with {}", display(&cmd), out.status);
-    }
+    cmd.args(["--no-run"])
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+    let messages = cargo_messages(&mut cmd)?;
     let binaries = test_binaries(&messages);
     if binaries.is_empty() {
         bail!("cargo built no test binaries (expected the `gpu` test of tensorbridge-integration)");
@@ -199,6 +175,32 @@ fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
         println!("built {} ({})", bin.name, bin.path.display());
     }
     Ok(binaries)
+}
+
+/// Runs a cargo build command with `--message-format=json` and returns its JSON lines, after
+/// showing the compiler's warnings and errors as cargo would (with that format they travel
+/// in the JSON instead of stderr); fails when cargo does.
+fn cargo_messages(cmd: &mut Command) -> Result<String> {
+    cmd.arg("--message-format=json")
+        .stdout(Stdio::piped())
+        // `output()` would capture stderr too; cargo's progress belongs on the terminal.
+        .stderr(Stdio::inherit());
+    println!("{}", display(cmd));
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", display(cmd)))?;
+    let messages = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in messages.lines() {
+        if line.contains(r#""reason":"compiler-message""#)
+            && let Some(rendered) = string_field(line, "rendered")
+        {
+            eprint!("{rendered}");
+        }
+    }
+    if !out.status.success() {
+        bail!("`{}` exited with {}", display(cmd), out.status);
+    }
+    Ok(messages)
 }
 
 /// The GPU suite among cargo's `--message-format=json` lines: `compiler-artifact` messages
@@ -250,20 +252,11 @@ fn build_benches(libtorch: &Path) -> Result<Vec<TestBinary>> {
         "--features",
         "gpu,tch",
         "--no-run",
-        "--message-format=json",
     ])
-    .env("CARGO_PROFILE_BENCH_STRIP", "symbols")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    println!("{}", display(&cmd));
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not start `{}`", display(&cmd)))?;
-    if !out.status.success() {
-        bail!("`{}` exited with {}", display(&cmd), out.status);
-    }
+    .env("CARGO_PROFILE_BENCH_STRIP", "symbols");
+    let messages = cargo_messages(&mut cmd)?;
     let mut benches = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in messages.lines() {
         if !line.contains(r#""reason":"compiler-artifact""#) {
             continue;
         }
