@@ -51,20 +51,25 @@ fn roundtrip(c: &mut Criterion) {
             },
         );
 
-        // dlpark's own producer and consumer on the same buffer and descriptor.
+        // dlpark's own producer on the same buffer and descriptor: shape and strides copied
+        // into its one allocation, an `Arc` of the buffer as context.
         let buffer: Arc<Vec<f32>> = Arc::new(vec![0.5f32; numel as usize]);
+        let dlpark_export = || -> *mut DLManagedTensorVersioned {
+            let data = buffer.as_ptr().cast_mut().cast();
+            let mut init = Dynamic::new(black_box(&shape[..]), black_box(&strides[..]))
+                .initialize(Arc::clone(&buffer))
+                .expect("valid metadata");
+            init.set_data(data)
+                .set_dtype(DLDataType::F32)
+                .set_device(DLDevice::CPU);
+            // SAFETY: describes the shared buffer, which the context (an `Arc` of it) keeps
+            // alive until the deleter runs; never written.
+            unsafe { init.finish() }.into_raw()
+        };
+        // ... and its own consumer.
         group.bench_function(BenchmarkId::new("dlpark", format!("rank{rank}")), |b| {
             b.iter(|| {
-                let data = buffer.as_ptr().cast_mut().cast();
-                let mut init = Dynamic::new(black_box(&shape[..]), black_box(&strides[..]))
-                    .initialize(Arc::clone(&buffer))
-                    .expect("valid metadata");
-                init.set_data(data)
-                    .set_dtype(DLDataType::F32)
-                    .set_device(DLDevice::CPU);
-                // SAFETY: describes the shared buffer, which the context (an `Arc` of it)
-                // keeps alive until the deleter runs; never written.
-                let raw = unsafe { init.finish() }.into_raw();
+                let raw = dlpark_export();
                 // SAFETY: a live managed tensor from dlpark's producer; ownership moves here.
                 let managed =
                     unsafe { Managed::<DLManagedTensorVersioned>::from_raw(raw) }.expect("v1");
@@ -77,16 +82,7 @@ fn roundtrip(c: &mut Criterion) {
             BenchmarkId::new("dlpark_to_tensorbridge", format!("rank{rank}")),
             |b| {
                 b.iter(|| {
-                    let data = buffer.as_ptr().cast_mut().cast();
-                    let mut init = Dynamic::new(black_box(&shape[..]), black_box(&strides[..]))
-                        .initialize(Arc::clone(&buffer))
-                        .expect("valid metadata");
-                    init.set_data(data)
-                        .set_dtype(DLDataType::F32)
-                        .set_device(DLDevice::CPU);
-                    // SAFETY: as for `dlpark` above.
-                    let raw = unsafe { init.finish() }.into_raw();
-                    let raw = NonNull::new(raw).expect("never null");
+                    let raw = NonNull::new(dlpark_export()).expect("never null");
                     // SAFETY: a live managed tensor from dlpark's producer over the shared
                     // buffer; ownership moves to the import; never written.
                     let imported = unsafe { import_versioned(raw) }.expect("valid");
