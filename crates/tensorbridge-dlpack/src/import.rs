@@ -29,6 +29,11 @@ pub struct Imported {
     pub version: Option<DLPackVersion>,
 }
 
+// Imports return this by value, and callers move it on: at up to 256 bytes glibc's `memcpy`
+// copies it in straight-line code (see the size assertion on `Tensor` in the core).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Imported>() <= 256);
+
 impl Imported {
     /// The tensor alone.
     pub fn into_tensor(self) -> Tensor {

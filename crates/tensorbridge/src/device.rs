@@ -99,6 +99,7 @@ impl DeviceType {
     }
 
     /// The raw DLPack code.
+    #[inline]
     pub const fn code(self) -> i32 {
         self as i32
     }
@@ -197,6 +198,7 @@ impl Device {
     /// The raw `(device_type, device_id)` pair of a DLPack `DLDevice`.
     ///
     /// Fails only for ordinals above `i32::MAX`, which DLPack cannot carry.
+    #[inline]
     pub fn to_dlpack(self) -> Result<(i32, i32), Error> {
         let id = i32::try_from(self.ordinal).map_err(|_| Error::OrdinalTooLarge {
             ordinal: self.ordinal,

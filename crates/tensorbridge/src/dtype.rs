@@ -84,6 +84,7 @@ impl DTypeCode {
     }
 
     /// The raw DLPack code.
+    #[inline]
     pub const fn code(self) -> u8 {
         self as u8
     }
@@ -209,16 +210,19 @@ impl DType {
     }
 
     /// The kind of element.
+    #[inline]
     pub const fn code(self) -> DTypeCode {
         self.code
     }
 
     /// Bits of one lane (DLPack's `bits`).
+    #[inline]
     pub const fn bits(self) -> u8 {
         self.bits
     }
 
     /// Lanes per element; 1 for scalars (DLPack's `lanes`).
+    #[inline]
     pub const fn lanes(self) -> u16 {
         self.lanes
     }
@@ -229,11 +233,13 @@ impl DType {
     }
 
     /// Whether one element is smaller than a byte or not a whole number of bytes (fp6, fp4).
+    #[inline]
     pub const fn is_subbyte(self) -> bool {
         !self.element_bits().is_multiple_of(8)
     }
 
     /// Bits one element occupies in memory: its own bits when packed, whole bytes when padded.
+    #[inline]
     pub const fn storage_bits(self, packing: Packing) -> u64 {
         let bits = self.element_bits() as u64;
         match packing {
@@ -258,6 +264,7 @@ impl DType {
 
     /// Alignment in bytes that a pointer to one element needs: the size of one scalar lane
     /// (half of it for complex, whose halves are floats), 1 for sub-byte and opaque types.
+    #[inline]
     pub const fn alignment(self) -> usize {
         if self.is_subbyte() || !self.bits.is_multiple_of(8) {
             return 1;

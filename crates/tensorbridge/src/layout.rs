@@ -96,6 +96,7 @@ impl Layout {
     }
 
     /// The facts validation established.
+    #[inline]
     pub(crate) fn facts(&self) -> Facts {
         Facts {
             numel: self.numel,
@@ -104,37 +105,44 @@ impl Layout {
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
 
     /// Extents, all >= 0.
+    #[inline]
     pub fn shape(&self) -> &[i64] {
         &self.shape
     }
 
     /// Strides in units of elements.
+    #[inline]
     pub fn strides_elems(&self) -> &[i64] {
         &self.strides
     }
 
     /// Bytes from the data pointer to element 0.
+    #[inline]
     pub fn byte_offset(&self) -> u64 {
         self.byte_offset
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> u64 {
         self.numel
     }
 
     /// Whether the tensor has no elements.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.numel == 0
     }
 
     /// Lowest and highest element offsets the strides reach, relative to element 0
     /// (inclusive both; `(0, 0)` for a single element or an empty tensor).
+    #[inline]
     pub fn elem_reach(&self) -> (i64, i64) {
         self.reach
     }

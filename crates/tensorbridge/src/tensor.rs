@@ -110,8 +110,6 @@ impl<'a> RawTensor<'a> {
             packing: memory.packing,
             layout: Layout::from_checked(self.shape, strides, self.byte_offset, facts),
             access: self.access,
-            nbytes: memory.nbytes,
-            span: memory.span,
         })
     }
 }
@@ -128,9 +126,10 @@ pub struct Descriptor {
     packing: Packing,
     layout: Layout,
     access: Access,
-    nbytes: u64,
-    /// Bytes reached relative to element 0, `[lo, hi)`.
-    span: (i64, i64),
+    // `nbytes` and the byte span are computed when asked (a multiplication each), not
+    // stored: a `Tensor` crosses every hand-off by value, and at up to 256 bytes it is
+    // copied by glibc's straight-line `memcpy` path instead of its loop (measured on the
+    // DLPack round trip, where the tensor moves twice).
 }
 
 impl Clone for Descriptor {
@@ -178,18 +177,18 @@ impl Descriptor {
             packing: memory.packing,
             layout,
             access,
-            nbytes: memory.nbytes,
-            span: memory.span,
         })
     }
 
     /// The data pointer as given (an address, or a handle on devices without addresses).
+    #[inline]
     pub fn data(&self) -> usize {
         self.data
     }
 
     /// The address of element 0 (`data + byte_offset`) on devices with addresses; `data`
     /// itself on handle devices, where the byte offset must travel separately.
+    #[inline]
     pub fn data_ptr(&self) -> usize {
         if self.device.kind.has_addresses() {
             // Checked to fit in `Descriptor::new`.
@@ -200,31 +199,37 @@ impl Descriptor {
     }
 
     /// Where the memory lives.
+    #[inline]
     pub fn device(&self) -> Device {
         self.device
     }
 
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// How sub-byte elements are laid out; always [`Packing::Packed`] for whole-byte types.
+    #[inline]
     pub fn packing(&self) -> Packing {
         self.packing
     }
 
     /// Shape, strides and byte offset.
+    #[inline]
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
     /// Extents, all >= 0.
+    #[inline]
     pub fn shape(&self) -> &[i64] {
         self.layout.shape()
     }
 
     /// Strides in units of elements.
+    #[inline]
     pub fn strides_elems(&self) -> &[i64] {
         self.layout.strides_elems()
     }
@@ -253,51 +258,69 @@ impl Descriptor {
     }
 
     /// Bytes from `data` to element 0.
+    #[inline]
     pub fn byte_offset(&self) -> u64 {
         self.layout.byte_offset()
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.layout.ndim()
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> u64 {
         self.layout.numel()
     }
 
     /// Bytes the elements occupy: `numel * itemsize` (packed sub-byte types: rounded up to
     /// whole bytes). Not the span: a broadcast tensor's span is smaller, a strided one's larger.
+    #[inline]
     pub fn nbytes(&self) -> u64 {
-        self.nbytes
+        // Checked to fit in `u64` by the validation that built `self`.
+        nbytes_exact(self.numel(), self.storage_bits()) as u64
     }
 
     /// The bytes `[lowest, highest)` that the strides reach: absolute addresses on devices
     /// with addresses, offsets from the handle on others. Empty for tensors without elements.
+    #[inline]
     pub fn byte_span(&self) -> Range<usize> {
         let first = if self.device.kind.has_addresses() {
             self.data_ptr()
         } else {
             self.byte_offset() as usize
         };
+        let (lo, hi) = self.byte_span_from_first();
         // Both ends checked to fit in `Descriptor::new`.
-        let lo = (first as i128 + i128::from(self.span.0)) as usize;
-        let hi = (first as i128 + i128::from(self.span.1)) as usize;
+        let lo = (first as i128 + i128::from(lo)) as usize;
+        let hi = (first as i128 + i128::from(hi)) as usize;
         lo..hi
     }
 
     /// The span's bytes relative to element 0, `[lo, hi)`.
+    #[inline]
     pub fn byte_span_from_first(&self) -> (i64, i64) {
-        self.span
+        let (lo, hi) = span_exact(self.numel(), self.layout.elem_reach(), self.storage_bits());
+        // Both ends checked to fit in `i64` by the validation that built `self`.
+        (lo as i64, hi as i64)
+    }
+
+    /// Bits per element as stored (the packing decides for sub-byte types).
+    #[inline]
+    fn storage_bits(&self) -> i128 {
+        i128::from(self.dtype.storage_bits(self.packing))
     }
 
     /// Read-only or read-write.
+    #[inline]
     pub fn access(&self) -> Access {
         self.access
     }
 
     /// Whether consumers must not write.
+    #[inline]
     pub fn is_readonly(&self) -> bool {
         self.access == Access::ReadOnly
     }
@@ -332,9 +355,25 @@ impl Descriptor {
 /// What checking the memory side of a descriptor establishes.
 struct Memory {
     packing: Packing,
-    nbytes: u64,
-    /// Bytes reached relative to element 0, `[lo, hi)`.
-    span: (i64, i64),
+}
+
+/// Bytes `numel` elements of `bits` bits occupy, rounded up to whole bytes; exact (`numel`
+/// is below 2^64 and `bits` below 2^24).
+#[inline]
+fn nbytes_exact(numel: u64, bits: i128) -> i128 {
+    (i128::from(numel) * bits + 7) / 8
+}
+
+/// Bytes `[lo, hi)` reached relative to element 0 by elements `reach.0..=reach.1` of `bits`
+/// bits; `(0, 0)` when there are none. Exact: reach is within `±2^55` and `bits` below 2^24.
+#[inline]
+fn span_exact(numel: u64, reach: (i64, i64), bits: i128) -> (i128, i128) {
+    if numel == 0 {
+        return (0, 0);
+    }
+    let (lo, hi) = reach;
+    // Arithmetic shifts: floor division by 8, without a 128-bit division call.
+    ((i128::from(lo) * bits) >> 3, ((i128::from(hi) + 1) * bits + 7) >> 3)
 }
 
 impl Memory {
@@ -356,10 +395,10 @@ impl Memory {
         };
         let bits = i128::from(dtype.storage_bits(packing));
         let numel = facts.numel;
-        let nbytes =
-            u64::try_from((i128::from(numel) * bits + 7) / 8).map_err(|_| Error::Overflow {
-                what: "number of bytes",
-            })?;
+        // Only checked here: `Descriptor` computes both again when asked.
+        u64::try_from(nbytes_exact(numel, bits)).map_err(|_| Error::Overflow {
+            what: "number of bytes",
+        })?;
         // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
         let bits64 = bits as i64;
         if strides.iter().any(|s| s.checked_mul(bits64).is_none()) {
@@ -367,18 +406,9 @@ impl Memory {
                 what: "byte stride",
             });
         }
-        let span = if numel == 0 {
-            (0, 0)
-        } else {
-            let (lo, hi) = facts.reach;
-            let lo_bits = i128::from(lo) * bits;
-            let hi_bits = (i128::from(hi) + 1) * bits;
-            // Arithmetic shifts: floor division by 8, without a 128-bit division call.
-            let lo_b = lo_bits >> 3;
-            let hi_b = (hi_bits + 7) >> 3;
-            let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
-            (fit(lo_b)?, fit(hi_b)?)
-        };
+        let (lo_b, hi_b) = span_exact(numel, facts.reach, bits);
+        let fit = |v: i128| i64::try_from(v).map_err(|_| Error::Overflow { what: "byte span" });
+        let span = (fit(lo_b)?, fit(hi_b)?);
         // Base 0 for handle devices: offsets inside the handle's buffer must be >= 0 too.
         let base: i128 = if device.kind.has_addresses() {
             data as i128
@@ -410,11 +440,7 @@ impl Memory {
         if numel > 0 && device.kind.has_addresses() && addr & (align - 1) != 0 {
             return Err(Error::Misaligned { addr, align });
         }
-        Ok(Memory {
-            packing,
-            nbytes,
-            span,
-        })
+        Ok(Memory { packing })
     }
 }
 
@@ -443,6 +469,14 @@ pub struct Tensor {
     owner: Owner,
     ready: Ready,
 }
+
+// A `Tensor` crosses every hand-off by value: an export keeps a clone, an import hands one
+// back, and callers move the result. Up to 256 bytes, glibc's `memcpy` copies it in
+// straight-line code; above, it takes its loop path, which cost the DLPack round trip about
+// 40 instructions per copy (callgrind). Adapters wrap it with a few bytes more (the DLPack
+// `Imported` is 256), hence the headroom. Measured on 64-bit targets only.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Tensor>() <= 240);
 
 impl Clone for Tensor {
     #[inline]
@@ -504,16 +538,19 @@ impl Tensor {
     }
 
     /// The validated description.
+    #[inline]
     pub fn descriptor(&self) -> &Descriptor {
         &self.desc
     }
 
     /// The owner; clone it to keep the memory alive beyond this tensor.
+    #[inline]
     pub fn owner(&self) -> &Owner {
         &self.owner
     }
 
     /// Where the data becomes ready.
+    #[inline]
     pub fn ready(&self) -> &Ready {
         &self.ready
     }
@@ -667,6 +704,7 @@ impl Tensor {
 impl Deref for Tensor {
     type Target = Descriptor;
 
+    #[inline]
     fn deref(&self) -> &Descriptor {
         &self.desc
     }
