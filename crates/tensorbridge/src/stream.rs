@@ -291,6 +291,10 @@ pub trait ReadySignal: Any + Send + Sync + fmt::Debug {
 /// A plain value, safe to make; a tensor trusts it only through the `unsafe`
 /// [`Tensor::with_ready`](crate::Tensor::with_ready), whose caller vouches that it is true and
 /// that the streams it names are live.
+// Its `Clone` must stay what the derive gives: the same bytes, with the `Arc`'s count raised.
+// `Tensor::clone_into_uninit` copies tensors bitwise and counts the copy by forgetting a
+// clone; a variant whose clone allocates would break that (tested in
+// `tests/it/ownership.rs`, which Miri runs).
 #[derive(Clone, Debug, Default)]
 pub enum Ready {
     /// No pending work: the data may be used on any stream and from the host.

@@ -1,7 +1,10 @@
 //! The owner is dropped exactly once, when the last clone of the tensor goes.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use proptest::prelude::*;
-use tensorbridge::{DType, RawTensor, Tensor};
+use tensorbridge::{DType, Owner, RawTensor, Ready, ReadySignal, SignalError, Stream, Tensor};
 use tensorbridge_testkit::DropCounter;
 
 proptest! {
@@ -54,6 +57,60 @@ proptest! {
         drop(placed);
         prop_assert_eq!(counter.drops(), 1);
     }
+}
+
+/// A signal that only holds a counted owner, so the test sees when it is dropped.
+#[derive(Debug)]
+struct CountedSignal(#[allow(dead_code)] Owner);
+
+impl ReadySignal for CountedSignal {
+    unsafe fn enqueue_wait(&self, _consumer: Stream) -> Result<(), SignalError> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), SignalError> {
+        Ok(())
+    }
+
+    fn producer_stream(&self) -> Option<Stream> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// `clone_into_uninit` copies the readiness bitwise and counts it: a signal (an `Arc`) is
+/// shared with the original, not duplicated, and released once, after both are dropped.
+#[test]
+fn clones_in_place_count_the_ready_signal() {
+    let owner = DropCounter::new();
+    let signal = DropCounter::new();
+    let shape = [4i64];
+    let desc = RawTensor::host(0x1000, DType::UINT8, &shape)
+        .validate()
+        .unwrap();
+    let ready = Arc::new(CountedSignal(signal.owner()));
+    // SAFETY: never dereferenced; the signal names no stream.
+    let t = unsafe {
+        Tensor::from_descriptor(desc, owner.owner()).with_ready(Ready::Signal(ready.clone()))
+    };
+    drop(ready);
+    let mut slot = Box::new(std::mem::MaybeUninit::<Tensor>::uninit());
+    t.clone_into_uninit(&mut slot);
+    // SAFETY: initialised by `clone_into_uninit`; taken out once.
+    let placed = unsafe { slot.assume_init_read() };
+    let (Ready::Signal(a), Ready::Signal(b)) = (t.ready(), placed.ready()) else {
+        panic!("the readiness was not copied: {:?}", placed.ready());
+    };
+    assert!(Arc::ptr_eq(a, b), "one signal, shared");
+    assert_eq!(Arc::strong_count(a), 2);
+    assert!(Arc::ptr_eq(t.owner(), placed.owner()));
+    drop(t);
+    assert_eq!((owner.drops(), signal.drops()), (0, 0));
+    drop(placed);
+    assert_eq!((owner.drops(), signal.drops()), (1, 1));
 }
 
 #[test]
