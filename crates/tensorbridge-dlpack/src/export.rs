@@ -78,7 +78,7 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
     // SAFETY: `ctx` is the live, uninitialised allocation just made, owned here alone; the
     // projection stays in bounds. (`managed` is written once the dimensions have their final
     // address, below.)
-    let slot = unsafe { &raw mut (*ctx).tensor };
+    let slot = unsafe { &raw mut (*ctx).imported.tensor };
     // SAFETY: in bounds, aligned and uninitialised; this unique reference to the field is
     // the only one while it lives.
     tensor.clone_into_uninit(unsafe { &mut *slot.cast::<MaybeUninit<Tensor>>() });
@@ -89,10 +89,19 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
         // SAFETY: as above.
         unsafe { slot.write(unfolded.into_offset_folded()) };
     }
+    // SAFETY: `ctx` is the live allocation just made: the projection stays in bounds.
+    let is_copied = unsafe { &raw mut (*ctx).imported.is_copied };
+    // SAFETY: as above.
+    let version = unsafe { &raw mut (*ctx).imported.version };
+    // SAFETY: aligned, uninitialised, ours alone; written once each. With the tensor above,
+    // the import's report is complete.
+    unsafe { is_copied.write(false) };
+    // SAFETY: as above.
+    unsafe { version.write(M::VERSION) };
     // SAFETY: `ctx` is the live allocation just made, owned here alone, its tensor
     // initialised; this shared reference to it is the only reference into the box while it
     // is in use.
-    let kept: &Tensor = unsafe { &(*ctx).tensor };
+    let kept: &Tensor = unsafe { &(*ctx).imported.tensor };
     // The pointers aim into the boxed tensor's layout, which nothing moves or mutates until
     // `delete_export` frees the box; consumers only read them. Never null, rank 0 included
     // ("always emit strides"): the layout's inline storage is in the box even for rank 0.

@@ -14,6 +14,8 @@ use std::ptr::NonNull;
 use dlpark::ManagedTensorBase;
 use tensorbridge::{Packing, Tensor};
 
+use crate::Imported;
+
 pub use dlpark::DlpackFlags;
 pub use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
@@ -22,23 +24,27 @@ pub use dlpark::ffi::{
 
 /// What an exported managed tensor points into: the managed struct itself, first, then a
 /// clone of the exported tensor (byte offset folded where the device has addresses), whose
-/// owner keeps the data alive and whose layout stores the struct's `shape` and `strides`.
-/// One allocation per export, freed by [`delete_export`].
+/// owner keeps the data alive and whose layout stores the struct's `shape` and `strides`,
+/// inside the [`Imported`] that importing the export gives back. One allocation per
+/// export, freed by [`delete_export`].
 ///
 /// Keeping the whole validated tensor (rather than only its owner) costs a copy of its
 /// descriptor per export, and buys two things: the dimensions need no storage of their own
 /// (up to 8 live inline in the tensor's layout, inside the box), and importing our own export
 /// hands the tensor back without validating it again ([`take_own_export`]), with the
-/// readiness it left with.
+/// readiness it left with. Keeping it as the finished [`Imported`] makes that hand-back
+/// one block copy, which the caller's next move of the result reads back through store
+/// forwarding (a result assembled from a tensor copy and separate field stores stalled it).
 #[repr(C)]
 pub(crate) struct ExportCtx<M> {
     /// First, so that the pointer handed to consumers is also the pointer to the context
     /// (asserted below; [`delete_export`] relies on it).
     pub(crate) managed: M,
-    /// The exported tensor. Never mutated or moved (the box does not move) while the context
-    /// lives, so the struct's pointers into its shape and strides stay valid until the
-    /// deleter runs.
-    pub(crate) tensor: Tensor,
+    /// The exported tensor, with what its import reports: never copied, and the version
+    /// this crate exports ([`Exportable::VERSION`]). Never mutated or moved (the box does
+    /// not move) while the context lives, so the struct's pointers into its shape and
+    /// strides stay valid until the deleter runs.
+    pub(crate) imported: Imported,
 }
 
 /// The deleter of every managed tensor we export: frees the context, which drops the owner
@@ -74,6 +80,9 @@ pub(crate) unsafe extern "C" fn delete_export<M>(managed: *mut M) {
 /// can be copied per codegen unit, so comparing with the deleter's address could miss, and
 /// under Miri it always did).
 pub(crate) trait Exportable: ManagedTensorBase + Sized {
+    /// The version exports of this struct kind declare (`None`: legacy, unversioned).
+    const VERSION: Option<DLPackVersion>;
+
     /// The `manager_ctx` of every export of this struct kind.
     fn mark() -> *mut c_void;
 }
@@ -85,12 +94,16 @@ static VERSIONED_MARK: u8 = 1;
 static LEGACY_MARK: u8 = 0;
 
 impl Exportable for DLManagedTensorVersioned {
+    const VERSION: Option<DLPackVersion> = Some(DLPackVersion::CURRENT);
+
     fn mark() -> *mut c_void {
         (&raw const VERSIONED_MARK).cast_mut().cast()
     }
 }
 
 impl Exportable for DLManagedTensor {
+    const VERSION: Option<DLPackVersion> = None;
+
     fn mark() -> *mut c_void {
         (&raw const LEGACY_MARK).cast_mut().cast()
     }
@@ -149,14 +162,17 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
     // struct of an `ExportCtx<M>` (its first field, so at this address), live until its
     // deleter runs, which has not happened (obligation 2; see above for copies). The
     // reference ends before the box is freed.
-    let kept: &Tensor = unsafe { &(*ctx).tensor };
+    let kept: &Imported = unsafe { &(*ctx).imported };
+    let version = kept.version;
+    let kept: &Tensor = &kept.tensor;
     let dl = m.tensor();
-    let flags = if m.version().is_some() {
+    let flags = if version.is_some() {
         export_flags(kept)
     } else {
         DlpackFlags::empty()
     };
-    let unchanged = dl.data.addr() == kept.data()
+    let unchanged = m.version() == version
+        && dl.data.addr() == kept.data()
         && dl.byte_offset == kept.byte_offset()
         && kept.device().to_dlpack().ok()
             == Some((dl.device.device_type.0 as i32, dl.device.device_id))
@@ -183,23 +199,24 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
 pub(crate) struct OwnExport<M>(NonNull<ExportCtx<M>>);
 
 impl<M> OwnExport<M> {
-    /// The exported tensor, moved out of the context, which is freed (the one release of
-    /// the managed tensor; its deleter is not called).
+    /// The export's [`Imported`] (the exported tensor, not copied, the version exported),
+    /// moved out of the context, which is freed (the one release of the managed tensor; its
+    /// deleter is not called).
     #[inline(always)]
-    pub(crate) fn into_tensor(self) -> Tensor {
+    pub(crate) fn into_imported(self) -> Imported {
         let ctx = self.0.as_ptr();
         // SAFETY: `ctx` is a live, fully initialised `ExportCtx<M>` that `export` boxed and
         // that this value owns (`take_own_export`'s obligation 2 passed ownership here); the
         // projection stays in bounds.
-        let slot = unsafe { &raw const (*ctx).tensor };
+        let slot = unsafe { &raw const (*ctx).imported };
         // SAFETY: initialised and owned (above); moved out once, straight into the caller's
         // place, and never dropped in the box (below).
-        let tensor = unsafe { slot.read() };
+        let imported = unsafe { slot.read() };
         // SAFETY: the box's own pointer with its provenance (`managed` is the first field,
         // at offset 0); freed once, as `MaybeUninit` so that nothing is dropped: the tensor
         // was moved out above, and the managed struct is plain data.
         drop(unsafe { Box::from_raw(ctx.cast::<std::mem::MaybeUninit<ExportCtx<M>>>()) });
-        tensor
+        imported
     }
 }
 

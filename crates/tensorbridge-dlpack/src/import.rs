@@ -112,11 +112,8 @@ pub unsafe fn import_versioned(
     // SAFETY: major version 1 (checked above): a live, readable 1.x struct that we own
     // (obligations 1 and 2); on `None` we still own it.
     if let Some(own) = unsafe { take_own_export(managed, |_| true) } {
-        return Ok(Imported {
-            tensor: own.into_tensor(),
-            is_copied: false,
-            version: Some(version),
-        });
+        // The version exported, checked equal to `version` by `take_own_export`.
+        return Ok(own.into_imported());
     }
     let owner = ManagedOwner(managed);
     // SAFETY: major version 1: the whole struct is a live `DLManagedTensorVersioned` whose
@@ -187,16 +184,12 @@ pub unsafe fn import_legacy(
     // SAFETY: a live, readable `DLManagedTensor` that we own (obligations 1 and 2); on
     // `None` we still own it.
     if let Some(own) = unsafe { take_own_export(managed, wanted) } {
-        let tensor = own.into_tensor();
-        let tensor = match access {
-            Access::ReadOnly => tensor.into_readonly(),
-            Access::ReadWrite => tensor,
-        };
-        return Ok(Imported {
-            tensor,
-            is_copied: false,
-            version: None,
-        });
+        // Unversioned and not copied, as the legacy export left it.
+        let mut imported = own.into_imported();
+        if access == Access::ReadOnly {
+            imported.tensor = imported.tensor.into_readonly();
+        }
+        return Ok(imported);
     }
     let owner = ManagedOwner(managed);
     // SAFETY: a live `DLManagedTensor` whose fields do not change until the deleter runs

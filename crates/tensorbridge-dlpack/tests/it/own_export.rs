@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use tensorbridge::{Access, DType, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_dlpack::ffi::DLPackVersion;
 use tensorbridge_dlpack::{
     ReadOnlyPolicy, export_legacy, export_versioned, import_legacy, import_versioned,
 };
@@ -151,6 +152,23 @@ fn a_rewritten_export_is_imported_the_general_way() {
         back.host_view::<f32>().unwrap().to_contiguous(),
         [1.0, 2.0, 3.0, 4.0, 5.0]
     );
+    drop((t, back));
+    assert_eq!(counter.drops(), 1);
+
+    // Another minor version: reported as the struct declares it, not as we exported it.
+    let counter = DropCounter::new();
+    let t = counted_host(&counter);
+    let raw = export_versioned(&t).unwrap().into_raw();
+    // SAFETY: a live export that we own.
+    unsafe { (*raw).version.minor = 1 };
+    // SAFETY: as above.
+    let back = unsafe { import_versioned(NonNull::new(raw).unwrap()) }.unwrap();
+    assert_eq!(back.version, Some(DLPackVersion { major: 1, minor: 1 }));
+    assert!(
+        !Arc::ptr_eq(back.tensor.owner(), t.owner()),
+        "validated anew, own owner"
+    );
+    assert_eq!(back.tensor.descriptor(), t.descriptor());
     drop((t, back));
     assert_eq!(counter.drops(), 1);
 }

@@ -92,10 +92,10 @@ fn clones_in_place_count_the_ready_signal() {
         .validate()
         .unwrap();
     let ready = Arc::new(CountedSignal(signal.owner()));
-    // SAFETY: never dereferenced; the signal names no stream.
-    let t = unsafe {
-        Tensor::from_descriptor(desc, owner.owner()).with_ready(Ready::Signal(ready.clone()))
-    };
+    // SAFETY: never dereferenced.
+    let t = unsafe { Tensor::from_descriptor(desc, owner.owner()) };
+    // SAFETY: the signal names no stream, and nothing waits on it.
+    let t = unsafe { t.with_ready(Ready::Signal(ready.clone())) };
     drop(ready);
     let mut slot = Box::new(std::mem::MaybeUninit::<Tensor>::uninit());
     t.clone_into_uninit(&mut slot);
