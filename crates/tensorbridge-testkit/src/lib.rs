@@ -1,10 +1,11 @@
 //! Shared test helpers for tensorbridge: proptest strategies for valid and deliberately
-//! invalid raw descriptors, drop-counting owners, and host buffers that back strided tensors
-//! with real memory (fake producers).
+//! invalid raw descriptors, drop-counting owners, a do-nothing ready signal, and host buffers
+//! that back strided tensors with real memory (fake producers).
 //!
 //! Every adapter crate's tests draw from these, so a property proved for the core is checked
 //! on the same inputs through each adapter.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -12,8 +13,52 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use tensorbridge::{
     Access, DType, DTypeCode, Descriptor, DeviceType, Element, Layout, Owner, Packing, RawTensor,
-    Tensor,
+    ReadySignal, SignalError, Stream, Tensor,
 };
+
+/// A ready signal that waits for nothing, as a CUDA-aware adapter's recorded event would on
+/// an idle device: it names (or not) a producer stream and may hold an owner, so that a
+/// [`DropCounter`] sees when the signal itself is dropped.
+#[derive(Debug, Default)]
+pub struct FakeSignal {
+    /// What [`ReadySignal::producer_stream`] answers.
+    pub stream: Option<Stream>,
+    /// Held, never used: dropped with the signal.
+    pub keep: Option<Owner>,
+}
+
+impl FakeSignal {
+    /// A signal naming `stream` (or no stream).
+    pub fn naming(stream: Option<Stream>) -> FakeSignal {
+        FakeSignal { stream, keep: None }
+    }
+
+    /// A signal that names no stream and holds `owner` until it is dropped.
+    pub fn holding(owner: Owner) -> FakeSignal {
+        FakeSignal {
+            stream: None,
+            keep: Some(owner),
+        }
+    }
+}
+
+impl ReadySignal for FakeSignal {
+    unsafe fn enqueue_wait(&self, _consumer: Stream) -> Result<(), SignalError> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), SignalError> {
+        Ok(())
+    }
+
+    fn producer_stream(&self) -> Option<Stream> {
+        self.stream
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
 
 /// Counts how many owners made by [`DropCounter::owner`] have been dropped.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,8 @@ use tensorbridge_cai::{
     ArrayData, ArrayInterface, CudaArrayInterface, DataPointer, EXPORT_VERSION, TypeStr,
 };
 
-use crate::{FakeSignal, ts};
+use crate::ts;
+use tensorbridge_testkit::FakeSignal;
 
 /// A descriptor with fake addresses: export never dereferences them.
 fn desc(device: Device, dtype: DType, layout: Layout, data: usize, access: Access) -> Descriptor {
@@ -88,7 +89,7 @@ fn cai_exports_the_producer_stream() {
         (Ready::Stream(Stream::PerThreadDefault), Some(2)),
         (Ready::Stream(Stream::Handle(h)), Some(0xabc0)),
         (
-            Ready::Signal(Arc::new(FakeSignal(Some(Stream::Handle(h))))),
+            Ready::Signal(Arc::new(FakeSignal::naming(Some(Stream::Handle(h))))),
             Some(0xabc0),
         ),
     ];

@@ -1,9 +1,6 @@
 //! The public API of tensorbridge-cai, one module per area.
 
-use std::any::Any;
-
 use proptest::test_runner::Config as ProptestConfig;
-use tensorbridge::{ReadySignal, SignalError, Stream};
 use tensorbridge_cai::{
     ArrayData, ArrayInterface, CudaArrayInterface, DataPointer, ImportOptions, TypeStr,
 };
@@ -65,27 +62,4 @@ fn host(typestr: &str, shape: &[i64], address: usize) -> ArrayInterface {
 /// No hints.
 fn plain() -> ImportOptions {
     ImportOptions::new()
-}
-
-/// A ready signal that does nothing but name (or not) a producer stream, as a CUDA-aware
-/// adapter's recorded event would.
-#[derive(Debug)]
-struct FakeSignal(Option<Stream>);
-
-impl ReadySignal for FakeSignal {
-    unsafe fn enqueue_wait(&self, _consumer: Stream) -> Result<(), SignalError> {
-        Ok(())
-    }
-
-    fn synchronize(&self) -> Result<(), SignalError> {
-        Ok(())
-    }
-
-    fn producer_stream(&self) -> Option<Stream> {
-        self.0
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }

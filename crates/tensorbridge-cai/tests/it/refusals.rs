@@ -11,7 +11,8 @@ use tensorbridge_cai::{
     ImportOptions, Interface, TypeStr, TypeStrProblem,
 };
 
-use crate::{FakeSignal, cai, host, plain, ts};
+use crate::{cai, host, plain, ts};
+use tensorbridge_testkit::FakeSignal;
 
 const GPU: Device = Device::cuda(0);
 
@@ -357,7 +358,7 @@ fn signals_without_a_producer_stream() {
         Access::ReadWrite,
     )
     .unwrap();
-    let ready = Ready::Signal(Arc::new(FakeSignal(None)));
+    let ready = Ready::Signal(Arc::new(FakeSignal::naming(None)));
     let (e, msg) = refused(CudaArrayInterface::from_descriptor(&d, &ready));
     assert_eq!(e, Error::NoProducerStream);
     assert_eq!(

@@ -1,11 +1,10 @@
 //! The owner is dropped exactly once, when the last clone of the tensor goes.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use tensorbridge::{DType, Owner, RawTensor, Ready, ReadySignal, SignalError, Stream, Tensor};
-use tensorbridge_testkit::DropCounter;
+use tensorbridge::{DType, RawTensor, Ready, Tensor};
+use tensorbridge_testkit::{DropCounter, FakeSignal};
 
 proptest! {
     #![proptest_config(crate::config())]
@@ -59,28 +58,6 @@ proptest! {
     }
 }
 
-/// A signal that only holds a counted owner, so the test sees when it is dropped.
-#[derive(Debug)]
-struct CountedSignal(#[allow(dead_code)] Owner);
-
-impl ReadySignal for CountedSignal {
-    unsafe fn enqueue_wait(&self, _consumer: Stream) -> Result<(), SignalError> {
-        Ok(())
-    }
-
-    fn synchronize(&self) -> Result<(), SignalError> {
-        Ok(())
-    }
-
-    fn producer_stream(&self) -> Option<Stream> {
-        None
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
 /// `clone_into_uninit` copies the readiness bitwise and counts it: a signal (an `Arc`) is
 /// shared with the original, not duplicated, and released once, after both are dropped.
 #[test]
@@ -91,7 +68,7 @@ fn clones_in_place_count_the_ready_signal() {
     let desc = RawTensor::host(0x1000, DType::UINT8, &shape)
         .validate()
         .unwrap();
-    let ready = Arc::new(CountedSignal(signal.owner()));
+    let ready = Arc::new(FakeSignal::holding(signal.owner()));
     // SAFETY: never dereferenced.
     let t = unsafe { Tensor::from_descriptor(desc, owner.owner()) };
     // SAFETY: the signal names no stream, and nothing waits on it.
