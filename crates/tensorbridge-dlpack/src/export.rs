@@ -137,9 +137,10 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
     // fully initialised.
     unsafe { raw.write(managed) };
     // SAFETY: `raw` is non-null and points to an initialised managed struct that we own
-    // alone. Its data stays valid until the deleter runs (the boxed tensor's owner), shape and strides
-    // stay readable and unchanged until then (above), strides are explicit, and the deleter
-    // (`delete_export`, which frees the box) may run once on any thread without unwinding.
+    // alone. Its data stays valid until the deleter runs (the boxed tensor's owner), shape
+    // and strides stay readable and unchanged until then (above), strides are explicit, and
+    // the deleter (`delete_export`, which frees the box) may run once on any thread without
+    // unwinding.
     // `M::from_parts` declared `DLPackVersion::CURRENT`, so `from_raw` cannot fail; were it
     // to, it would already have called the deleter, and the error says why.
     unsafe { Managed::from_raw(raw) }.map_err(|_| Error::UnsupportedMajorVersion {

@@ -124,12 +124,12 @@ pub(crate) fn export_flags(tensor: &Tensor) -> DlpackFlags {
 }
 
 /// Takes back one of our own exports, when `managed` is one and still says what the export
-/// wrote: returns it as an [`OwnExport`], whose `into_tensor` frees its context (instead of
-/// the deleter: the one release) and gives the exported tensor back, owner and readiness
-/// included, with no second validation.
-/// Returns `None`, having changed nothing, for any other managed tensor (the caller then imports it the
-/// general way). `wanted` may refuse the kept tensor too (the legacy import cannot hand
-/// out a read-only tensor as writable without a new validation).
+/// wrote: returns it as an [`OwnExport`], whose `into_imported` frees its context (instead
+/// of the deleter: the one release) and gives the exported tensor back, owner and readiness
+/// included, with no second validation. Returns `None`, having changed nothing, for any
+/// other managed tensor (the caller then imports it the general way). `wanted` may refuse
+/// the kept tensor too (the legacy import cannot hand out a read-only tensor as writable
+/// without a new validation).
 ///
 /// The mark in `manager_ctx` identifies the producer ([`Exportable`]): `manager_ctx` is the
 /// producer's private field, and only `export` stores this crate's private address there,
@@ -137,8 +137,8 @@ pub(crate) fn export_flags(tensor: &Tensor) -> DlpackFlags {
 /// address. A consumer that copied the struct elsewhere and passed the copy on would break
 /// DLPack (the deleter must be called with the producer's own pointer) as surely as it
 /// would break this check. Every field is then compared with the kept tensor, so a struct
-/// that someone rewrote (another data pointer, shape pointer, offset or flags) is imported
-/// the general way.
+/// that someone rewrote (another version, data pointer, shape pointer, offset or flags) is
+/// imported the general way.
 ///
 /// # Safety
 /// 1. `managed` points to a live `M` whose major version is this crate's (or which is

@@ -118,7 +118,7 @@ impl<'a> RawTensor<'a> {
 /// are laid out. Holds no owner and promises nothing about the memory; see [`Tensor`].
 ///
 /// Built only by [`Descriptor::new`] and [`RawTensor::validate`]; every getter is infallible.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Descriptor {
     data: usize,
     device: Device,
@@ -130,24 +130,6 @@ pub struct Descriptor {
     // stored: a `Tensor` crosses every hand-off by value, and at up to 256 bytes it is
     // copied by glibc's straight-line `memcpy` path instead of its loop (measured on the
     // DLPack round trip, where the tensor moves twice).
-}
-
-impl Clone for Descriptor {
-    /// One plain copy for up to 8 dimensions (see `Layout`'s `clone`), always inlined so that
-    /// a caller writing the clone into place does not build it on the stack first.
-    #[inline(always)]
-    fn clone(&self) -> Self {
-        if self.layout.is_inline() {
-            // SAFETY: every field but `layout` is plain `Copy` data, and an inline layout
-            // owns no heap memory (`Layout::is_inline`): the bitwise copy is an independent,
-            // valid descriptor equal to `self`; dropping both is fine.
-            return unsafe { std::ptr::read(self) };
-        }
-        Descriptor {
-            layout: self.layout.clone(),
-            ..*self
-        }
-    }
 }
 
 impl Descriptor {
@@ -467,6 +449,7 @@ impl fmt::Debug for Descriptor {
 ///
 /// `Tensor` dereferences to its [`Descriptor`] for the layout getters: a tensor *is* a
 /// descriptor with a guarantee attached, and repeating two dozen getters would add nothing.
+#[derive(Clone)]
 pub struct Tensor {
     desc: Descriptor,
     owner: Owner,
@@ -475,22 +458,10 @@ pub struct Tensor {
 
 // A `Tensor` crosses every hand-off by value: an export keeps a clone, an import hands one
 // back, and callers move the result. Up to 256 bytes, glibc's `memcpy` copies it in
-// straight-line code; above, it takes its loop path, which cost the DLPack round trip about
-// 40 instructions per copy (callgrind). Adapters wrap it with a few bytes more (the DLPack
+// straight-line code (29 instructions, callgrind); above, it takes its loop path (52). Adapters wrap it with a few bytes more (the DLPack
 // `Imported` is 256), hence the headroom. Measured on 64-bit targets only.
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Tensor>() <= 240);
-
-impl Clone for Tensor {
-    #[inline]
-    fn clone(&self) -> Self {
-        Tensor {
-            desc: self.desc.clone(),
-            owner: Arc::clone(&self.owner),
-            ready: self.ready.clone(),
-        }
-    }
-}
 
 impl Tensor {
     /// Attaches an owner to a validated description. The tensor is [`Ready::Now`]: when work
@@ -639,8 +610,8 @@ impl Tensor {
             // SAFETY: `dst` is valid for writes of one `Tensor` (it comes from a `&mut
             // MaybeUninit<Tensor>`) and cannot overlap `self` (a shared and a unique borrow).
             // The bitwise copy duplicates the descriptor, which is sound for an inline layout
-            // (`Descriptor`'s `clone`), and the owner and readiness handles, whose counts the
-            // two forgotten clones below raise for the copy.
+            // (`Layout::is_inline`; every other descriptor field is `Copy`), and the owner and
+            // readiness handles, whose counts the two forgotten clones below raise for the copy.
             unsafe { std::ptr::copy_nonoverlapping(self, dst, 1) };
             // The copy's owner is `self.owner`'s pointer; this clone is that same pointer,
             // and forgetting it leaves the count raised by one, for the copy to release.
@@ -653,8 +624,7 @@ impl Tensor {
             // pointer as in the copy.
             std::mem::forget(self.ready.clone());
             // SAFETY: initialised by the copy, counted above, and borrowed from `dst` for `'a`.
-            let copy = unsafe { &mut *dst };
-            return copy;
+            return unsafe { &mut *dst };
         }
         // SAFETY: valid for writes (above); a full clone, written once.
         unsafe { dst.write(self.clone()) };
