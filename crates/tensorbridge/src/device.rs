@@ -68,6 +68,12 @@ static DEVICES: [(i32, DeviceType, &str); 16] = [
     (18, DeviceType::Trn, "trn"),
 ];
 
+/// The known device codes as ranges, for messages: `"1 to 4 or 7 to 18"`, read off
+/// [`DEVICES`].
+pub(crate) fn known_codes() -> String {
+    crate::dtype::ranges(DEVICES.iter().map(|&(c, ..)| i64::from(c)))
+}
+
 /// `DEVICES` indexed by code (codes 0, 5 and 6 are unassigned).
 static BY_CODE: [Option<DeviceType>; 19] = {
     let mut table = [None; 19];

@@ -73,6 +73,32 @@ static CODES: [(u8, DTypeCode, &str, &[u8]); 18] = [
     (17, DTypeCode::Float4E2M1Fn, "float4_e2m1fn", &[4]),
 ];
 
+/// The known codes as ranges, for messages: `"0 to 17"`, read off [`CODES`].
+pub(crate) fn known_codes() -> String {
+    ranges(CODES.iter().map(|&(c, ..)| i64::from(c)))
+}
+
+/// Sorted integers as their runs: `[1, 2, 3, 4, 7, 8]` -> `"1 to 4 or 7 to 8"`.
+pub(crate) fn ranges(sorted: impl IntoIterator<Item = i64>) -> String {
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    for v in sorted {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == v => *end = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    runs.iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a} to {b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
 impl DTypeCode {
     /// The variant for a raw DLPack code, or [`Error::UnknownDTypeCode`].
     #[inline]
@@ -172,10 +198,26 @@ impl DType {
     pub const COMPLEX128: DType = DType::scalar(DTypeCode::Complex, 128);
     /// `bool`, one byte per value.
     pub const BOOL: DType = DType::scalar(DTypeCode::Bool, 8);
+    /// `float8_e3m4`.
+    pub const FLOAT8_E3M4: DType = DType::scalar(DTypeCode::Float8E3M4, 8);
+    /// `float8_e4m3`.
+    pub const FLOAT8_E4M3: DType = DType::scalar(DTypeCode::Float8E4M3, 8);
+    /// `float8_e4m3b11fnuz`.
+    pub const FLOAT8_E4M3B11FNUZ: DType = DType::scalar(DTypeCode::Float8E4M3B11Fnuz, 8);
     /// `float8_e4m3fn`.
     pub const FLOAT8_E4M3FN: DType = DType::scalar(DTypeCode::Float8E4M3Fn, 8);
+    /// `float8_e4m3fnuz`.
+    pub const FLOAT8_E4M3FNUZ: DType = DType::scalar(DTypeCode::Float8E4M3Fnuz, 8);
     /// `float8_e5m2`.
     pub const FLOAT8_E5M2: DType = DType::scalar(DTypeCode::Float8E5M2, 8);
+    /// `float8_e5m2fnuz`.
+    pub const FLOAT8_E5M2FNUZ: DType = DType::scalar(DTypeCode::Float8E5M2Fnuz, 8);
+    /// `float8_e8m0fnu`.
+    pub const FLOAT8_E8M0FNU: DType = DType::scalar(DTypeCode::Float8E8M0Fnu, 8);
+    /// `float6_e2m3fn`.
+    pub const FLOAT6_E2M3FN: DType = DType::scalar(DTypeCode::Float6E2M3Fn, 6);
+    /// `float6_e3m2fn`.
+    pub const FLOAT6_E3M2FN: DType = DType::scalar(DTypeCode::Float6E3M2Fn, 6);
     /// `float4_e2m1fn`.
     pub const FLOAT4_E2M1FN: DType = DType::scalar(DTypeCode::Float4E2M1Fn, 4);
 
@@ -369,6 +411,44 @@ fn parse_scalar(s: &str) -> Option<DType> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_read_the_known_codes_off_the_tables() {
+        assert_eq!(ranges([1, 2, 3, 4, 7, 8, 9]), "1 to 4 or 7 to 9");
+        assert_eq!(ranges([5]), "5");
+        assert_eq!(ranges([1, 3]), "1 or 3");
+        assert_eq!(known_codes(), format!("0 to {}", CODES.len() - 1));
+        let msg = Error::UnknownDTypeCode { code: 200 }.to_string();
+        assert!(
+            msg.ends_with(&format!("(expected {})", known_codes())),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn every_code_has_its_constant() {
+        let constants = [
+            DType::FLOAT8_E3M4,
+            DType::FLOAT8_E4M3,
+            DType::FLOAT8_E4M3B11FNUZ,
+            DType::FLOAT8_E4M3FN,
+            DType::FLOAT8_E4M3FNUZ,
+            DType::FLOAT8_E5M2,
+            DType::FLOAT8_E5M2FNUZ,
+            DType::FLOAT8_E8M0FNU,
+            DType::FLOAT6_E2M3FN,
+            DType::FLOAT6_E3M2FN,
+            DType::FLOAT4_E2M1FN,
+        ];
+        for (code, variant, stem, bits) in CODES.iter().skip(7) {
+            let c = constants
+                .iter()
+                .find(|d| d.code() == *variant)
+                .unwrap_or_else(|| panic!("no constant for code {code} ({stem})"));
+            assert_eq!(DType::new(*variant, bits[0], 1).unwrap(), *c);
+            assert_eq!(c.to_string(), *stem);
+        }
+    }
 
     #[test]
     fn every_code_roundtrips_through_its_raw_value() {

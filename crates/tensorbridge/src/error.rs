@@ -10,7 +10,10 @@ use crate::{DType, DTypeCode, Device, Stream, StreamConvention};
 pub enum Error {
     // ---- dtypes and devices ----
     /// A DLPack type code this version does not know.
-    #[error("unknown DLPack dtype code {code} (expected 0 to 17)")]
+    #[error(
+        "unknown DLPack dtype code {code} (expected {})",
+        crate::dtype::known_codes()
+    )]
     UnknownDTypeCode {
         /// The raw code.
         code: u8,
@@ -40,7 +43,10 @@ pub enum Error {
         name: String,
     },
     /// A DLPack device type code this version does not know.
-    #[error("unknown DLPack device type {code} (expected 1 to 4 or 7 to 18)")]
+    #[error(
+        "unknown DLPack device type {code} (expected {})",
+        crate::device::known_codes()
+    )]
     UnknownDeviceType {
         /// The raw code.
         code: i32,

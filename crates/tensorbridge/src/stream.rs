@@ -83,11 +83,7 @@ pub enum Stream {
 impl Stream {
     /// The stream in words, for messages: "legacy default stream", "stream 0x7f...".
     pub fn describe(self) -> String {
-        match self {
-            Stream::LegacyDefault => "legacy default stream".to_owned(),
-            Stream::PerThreadDefault => "per-thread default stream".to_owned(),
-            Stream::Handle(h) => format!("stream {:#x}", h.get()),
-        }
+        self.to_string()
     }
 
     /// The value to hand to the CUDA runtime or driver API: `0x1`, `0x2` or the handle.
@@ -98,6 +94,17 @@ impl Stream {
             Stream::LegacyDefault => 1,
             Stream::PerThreadDefault => 2,
             Stream::Handle(h) => h.get(),
+        }
+    }
+}
+
+impl fmt::Display for Stream {
+    /// The stream in words, as [`Stream::describe`] says it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stream::LegacyDefault => f.write_str("legacy default stream"),
+            Stream::PerThreadDefault => f.write_str("per-thread default stream"),
+            Stream::Handle(h) => write!(f, "stream {:#x}", h.get()),
         }
     }
 }
@@ -302,9 +309,13 @@ pub enum Ready {
     Now,
     /// The data is ready once the work enqueued on this producer stream so far has finished.
     ///
-    /// The stream is one of the tensor's device's primary context. [`Stream::PerThreadDefault`]
-    /// means the per-thread default stream of the thread that *uses* the tensor, which differs
-    /// from thread to thread: it is true only on the thread that enqueued the producer's work.
+    /// A handle names its own stream, of a device's primary context. The default streams are
+    /// those of the tensor's device's primary context; pinned and managed memory carry no GPU
+    /// in their device (ordinal 0 by convention), so for them a default stream means the
+    /// device current on the thread that hands the tensor off (adapters that know the device
+    /// record an event instead). [`Stream::PerThreadDefault`] means the per-thread default
+    /// stream of the thread that *uses* the tensor, which differs from thread to thread: it is
+    /// true only on the thread that enqueued the producer's work.
     Stream(Stream),
     /// An adapter-provided signal (for example a CUDA event recorded on the producer stream).
     Signal(Arc<dyn ReadySignal>),

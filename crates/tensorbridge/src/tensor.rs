@@ -554,9 +554,9 @@ impl Tensor {
     ///    writes the memory still runs or waits to run;
     /// 2. every stream handle `ready` names ([`Ready::Stream`]`(`[`Stream::Handle`]`(_))`, or a
     ///    signal's [`producer_stream`](crate::ReadySignal::producer_stream)) is a live stream
-    ///    on the tensor's device, in its primary context (the runtime API's, which PyTorch,
-    ///    CuPy and JAX use), until no clone of the returned tensor names it any more: each has
-    ///    been dropped or given another readiness that does not name it;
+    ///    of a device's primary context (the runtime API's, which PyTorch, CuPy and JAX use;
+    ///    normally the tensor's device), until no clone of the returned tensor names it any
+    ///    more: each has been dropped or given another readiness that does not name it;
     /// 3. [`Stream::PerThreadDefault`] names the per-thread default stream of the thread that
     ///    uses the tensor, which differs from thread to thread: `ready` names it only when
     ///    this is the thread that enqueued the producer's work, and while a clone of the
