@@ -24,8 +24,9 @@ const GPU_TESTS: &[(&str, &str)] = &[
     ("tensorbridge-tch", "gpu-tests"),
 ];
 
-/// Where the GPU machine keeps libtorch, libcuda and the CUDA toolkit (BUILD.md).
-const GPU_MACHINE_LD_LIBRARY_PATH: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64";
+/// The bundle's scripts' shared preamble: where libtorch, libcuda and the CUDA toolkit are
+/// (`TB_GPU_LD_LIBRARY_PATH`, or found on the GPU machine at run time).
+const LIBPATH_SH: &str = include_str!("../templates/libpath.sh");
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let (own, test_args) = split_passthrough(args);
@@ -306,46 +307,11 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
 
 /// `bench.sh`: every bench on one pinned core of the GPU machine, then the Python side by
 /// side; results (criterion's output, the CSV, the SVG, compare.json) under `$OUT`.
-fn bench_script() -> String {
-    format!(
-        r#"#!/usr/bin/env bash
-# Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
-# groups (CPU and GPU) pinned to one core, copy_vs_share, and the Python comparison.
-# Written by `cargo xtask test-gpu --bundle`. Usage: ./bench.sh [CRITERION ARGS...].
-# TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
-# Address-space randomisation is off where `setarch -R` works: nanosecond groups moved by
-# 10-40% between runs with it on (where the stack and heap land decides which copies alias
-# or miss store forwarding), and were steady with it off.
-set -u
-here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-export LD_LIBRARY_PATH="{GPU_MACHINE_LD_LIBRARY_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-out="${{OUT:-$here/bench-out}}"
-mkdir -p "$out"
-cpu="${{TB_BENCH_CPU:-5}}"
-pin() {{
-    if setarch -R true 2>/dev/null; then setarch -R taskset -c "$cpu" "$@"; else taskset -c "$cpu" "$@"; fi
-}}
-aslr="on"; setarch -R true 2>/dev/null && aslr="off"
-echo "==> host: $(lscpu | sed -n 's/^Model name: *//p'), benches pinned to core $cpu, ASLR $aslr"
-for b in core dlpack cai tch cudarc; do
-    [ -x "$here/benches/$b" ] || continue
-    echo "==> bench $b"
-    CRITERION_HOME="$out/criterion" pin "$here/benches/$b" --bench "$@"
-done
-echo "==> copy_vs_share"
-OUT="$out" pin "$here/benches/copy_vs_share"
-python3 "$here/benches/plot_copy_vs_share.py" "$out/copy_vs_share.csv" "$out/copy_vs_share.svg"
-echo "==> python comparison"
-py="${{PYTHON:-python3}}"
-if [ ! -d "$here/py" ]; then
-    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl
-fi
-OUT="$out" PYTHONPATH="$here/py${{PYTHONPATH:+:$PYTHONPATH}}" pin "$py" "$here/benches/compare.py"
-"#
-    )
+/// The bundle's `bench.sh` (`xtask/templates/bench.sh`).
+fn bench_script() -> &'static str {
+    include_str!("../templates/bench.sh")
 }
 
-/// The flat object `"key":{...}` in `json`, braces included.
 fn object<'a>(json: &'a str, key: &str) -> Option<&'a str> {
     let start = json.find(&format!("\"{key}\":{{"))?;
     let len = json[start..].find('}')? + 1;
@@ -457,6 +423,8 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
     fs::write(&run_sh, run_script(&names))
         .with_context(|| format!("writing {}", run_sh.display()))?;
+    let libpath = dir.join("libpath.sh");
+    fs::write(&libpath, LIBPATH_SH).with_context(|| format!("writing {}", libpath.display()))?;
     fs::set_permissions(&run_sh, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", run_sh.display()))?;
 
@@ -494,64 +462,11 @@ fn format_size(bytes: u64) -> String {
 /// The bundle's `run.sh`: runs every binary in `names` with the script's arguments, then
 /// installs the wheel into `py/` and runs the Python GPU suite with `PYTHONPATH` (pytest's
 /// arguments come from `PYTEST_ARGS`).
+/// The bundle's `run.sh`, from `xtask/templates/run.sh` with the binaries' names.
 fn run_script(names: &[&str]) -> String {
-    let binaries = names.join(" ");
-    format!(
-        r#"#!/usr/bin/env bash
-# Runs tensorbridge's GPU test binaries on a GPU machine without a Rust toolchain.
-# TB_WRAP, when set, prefixes every binary (e.g. TB_WRAP="compute-sanitizer --tool memcheck
-# --error-exitcode 9").
-# Written by `cargo xtask test-gpu --bundle`. Usage: ./run.sh [ARGS...]; ARGS go to every
-# test binary (for example --nocapture, or a test name filter).
-set -u
-here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-export LD_LIBRARY_PATH="{GPU_MACHINE_LD_LIBRARY_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-# The binaries are stripped: error backtraces would be lists of <unknown>.
-export RUST_LIB_BACKTRACE="${{RUST_LIB_BACKTRACE:-0}}"
-
-echo "==> devices"
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi -L || echo "nvidia-smi -L failed: no usable NVIDIA GPU"
-    echo "driver version: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
-else
-    echo "nvidia-smi not found: no NVIDIA driver on this machine"
-fi
-
-binaries=({binaries})
-passed=0
-failed=0
-for bin in "${{binaries[@]}}"; do
-    echo "==> $bin"
-    # shellcheck disable=SC2086 # TB_WRAP is a command line, split on purpose.
-    if ${{TB_WRAP:-}} "$here/$bin" "$@"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-        echo "FAILED: $bin"
-    fi
-done
-
-# The Python package: install the wheels next to the bundle (no index, no dependencies: the
-# machine's environment has the frameworks) and run the GPU suite against it.
-echo "==> python: tensorbridge wheel and the GPU pytest suite"
-py="${{PYTHON:-python3}}"
-tests="$here/{BUNDLE_PYTHON_TESTS}"
-# The GPU suite, and the native smoke tests (their GPU half runs only where there is a GPU).
-suites=("$tests/test_native_smoke.py")
-[ -d "$tests/gpu" ] && suites+=("$tests/gpu")
-rm -rf "$here/py"
-if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl \
-    && PYTHONPATH="$here/py${{PYTHONPATH:+:$PYTHONPATH}}" "$py" -m pytest -q -p no:cacheprovider \
-        --rootdir "$tests" "${{suites[@]}}" ${{PYTEST_ARGS:-}}; then
-    passed=$((passed + 1))
-else
-    failed=$((failed + 1))
-    echo "FAILED: python GPU suite"
-fi
-echo "GPU bundle: ${{#binaries[@]}} binaries and the Python suite, $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
-"#
-    )
+    include_str!("../templates/run.sh")
+        .replace("@BINARIES@", &names.join(" "))
+        .replace("@PYTHON_TESTS@", BUNDLE_PYTHON_TESTS)
 }
 
 #[cfg(test)]
@@ -564,6 +479,36 @@ mod tests {
 {"reason":"compiler-artifact","package_id":"path+file:///w/tests#tensorbridge-integration@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"gpu","src_path":"/w/tests/gpu/main.rs","edition":"2024","required-features":["gpu-tests"],"doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":"line-tables-only","debug_assertions":false,"overflow_checks":false,"test":true},"features":["cudarc","gpu-tests"],"filenames":["/w/target/release/deps/gpu-0123"],"executable":"/w/target/release/deps/gpu-0123","fresh":false}
 {"reason":"compiler-artifact","package_id":"path+file:///w/crates/tensorbridge-cudarc#0.1.0","manifest_path":"/w/crates/tensorbridge-cudarc/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"it","src_path":"/w/crates/tensorbridge-cudarc/tests/it/main.rs","edition":"2024","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":"line-tables-only","debug_assertions":false,"overflow_checks":false,"test":true},"features":["default"],"filenames":["/w/target/release/deps/it-4567"],"executable":"/w/target/release/deps/it-4567","fresh":true}
 {"reason":"build-finished","success":true}"#;
+
+    #[test]
+    fn scripts_are_filled_and_parse() {
+        let run = run_script(&["gpu", "cudarc_gpu"]);
+        assert!(run.contains("binaries=(gpu cudarc_gpu)"), "{run}");
+        assert!(run.contains(&format!("$here/{BUNDLE_PYTHON_TESTS}")));
+        for (name, text) in [
+            ("run.sh", run.as_str()),
+            ("bench.sh", bench_script()),
+            ("libpath.sh", LIBPATH_SH),
+        ] {
+            assert!(
+                !["@BINARIES@", "@PYTHON_TESTS@"]
+                    .iter()
+                    .any(|p| text.contains(p)),
+                "{name} has an unfilled placeholder"
+            );
+            // `bash -n` parses without running; skipped where there is no bash.
+            if let Ok(mut child) = Command::new("bash").arg("-n").stdin(Stdio::piped()).spawn() {
+                use std::io::Write as _;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(text.as_bytes())
+                    .unwrap();
+                assert!(child.wait().unwrap().success(), "{name} does not parse");
+            }
+        }
+    }
 
     #[test]
     fn finds_only_test_executables() {

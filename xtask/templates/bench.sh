@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
+# groups (CPU and GPU) pinned to one core, copy_vs_share, and the Python comparison.
+# Written by `cargo xtask test-gpu --bundle` from xtask/templates/bench.sh.
+# Usage: ./bench.sh [CRITERION ARGS...]; libpath.sh says how libraries are found.
+# TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
+# Address-space randomisation is off where `setarch -R` works: nanosecond groups moved by
+# 10-40% between runs with it on (where the stack and heap land decides which copies alias
+# or miss store forwarding), and were steady with it off.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=libpath.sh
+. "$here/libpath.sh"
+out="${OUT:-$here/bench-out}"
+mkdir -p "$out"
+cpu="${TB_BENCH_CPU:-5}"
+pin() {
+    if setarch -R true 2>/dev/null; then setarch -R taskset -c "$cpu" "$@"; else taskset -c "$cpu" "$@"; fi
+}
+aslr="on"; setarch -R true 2>/dev/null && aslr="off"
+echo "==> host: $(lscpu | sed -n 's/^Model name: *//p'), benches pinned to core $cpu, ASLR $aslr"
+for b in core dlpack cai tch cudarc; do
+    [ -x "$here/benches/$b" ] || continue
+    echo "==> bench $b"
+    CRITERION_HOME="$out/criterion" pin "$here/benches/$b" --bench "$@"
+done
+echo "==> copy_vs_share"
+OUT="$out" pin "$here/benches/copy_vs_share"
+python3 "$here/benches/plot_copy_vs_share.py" "$out/copy_vs_share.csv" "$out/copy_vs_share.svg"
+echo "==> python comparison"
+py="${PYTHON:-python3}"
+if [ ! -d "$here/py" ]; then
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl
+fi
+OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/compare.py"

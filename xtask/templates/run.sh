@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs tensorbridge's GPU test binaries on a GPU machine without a Rust toolchain.
+# TB_WRAP, when set, prefixes every binary (e.g. TB_WRAP="compute-sanitizer --tool memcheck
+# --error-exitcode 9").
+# Written by `cargo xtask test-gpu --bundle` from xtask/templates/run.sh. Usage:
+# ./run.sh [ARGS...]; ARGS go to every test binary (for example --nocapture, or a test name
+# filter). PYTEST_ARGS go to pytest; libpath.sh says how libraries are found.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=libpath.sh
+. "$here/libpath.sh"
+# The binaries are stripped: error backtraces would be lists of <unknown>.
+export RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}"
+
+echo "==> devices"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L || echo "nvidia-smi -L failed: no usable NVIDIA GPU"
+    echo "driver version: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+else
+    echo "nvidia-smi not found: no NVIDIA driver on this machine"
+fi
+
+binaries=(@BINARIES@)
+passed=0
+failed=0
+for bin in "${binaries[@]}"; do
+    echo "==> $bin"
+    # shellcheck disable=SC2086 # TB_WRAP is a command line, split on purpose.
+    if ${TB_WRAP:-} "$here/$bin" "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAILED: $bin"
+    fi
+done
+
+# The Python package: install the wheels next to the bundle (no index, no dependencies: the
+# machine's environment has the frameworks) and run the GPU suite against it.
+echo "==> python: tensorbridge wheel and the GPU pytest suite"
+py="${PYTHON:-python3}"
+tests="$here/@PYTHON_TESTS@"
+# The GPU suite, and the native smoke tests (their GPU half runs only where there is a GPU).
+suites=("$tests/test_native_smoke.py")
+[ -d "$tests/gpu" ] && suites+=("$tests/gpu")
+rm -rf "$here/py"
+if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl \
+    && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
+        --rootdir "$tests" "${suites[@]}" ${PYTEST_ARGS:-}; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAILED: python GPU suite"
+fi
+echo "GPU bundle: ${#binaries[@]} binaries and the Python suite, $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
