@@ -69,8 +69,8 @@ fn hop(t: &Tensor, how: u64) -> Tensor {
             back
         }
         _ => {
-            let ai = ArrayInterface::from_tensor(t).unwrap();
-            let validated = ai.validate(&ImportOptions::default()).unwrap();
+            let ai = ArrayInterface::export(t).unwrap();
+            let validated = ai.import(&ImportOptions::default()).unwrap();
             // SAFETY: the same memory as `t`, whose owner the new tensor holds.
             unsafe { validated.into_tensor(t.owner().clone()) }
         }

@@ -38,11 +38,11 @@ fn cai(c: &mut Criterion) {
     for rank in RANKS {
         let t = tensor(rank, cuda);
         export.bench_function(BenchmarkId::new("cuda_array_interface", rank), |b| {
-            b.iter(|| black_box(CudaArrayInterface::from_tensor(black_box(&t)).expect("exports")))
+            b.iter(|| black_box(CudaArrayInterface::export(black_box(&t)).expect("exports")))
         });
         let h = tensor(rank, Device::CPU);
         export.bench_function(BenchmarkId::new("array_interface", rank), |b| {
-            b.iter(|| black_box(ArrayInterface::from_tensor(black_box(&h)).expect("exports")))
+            b.iter(|| black_box(ArrayInterface::export(black_box(&h)).expect("exports")))
         });
     }
     export.finish();
@@ -50,21 +50,21 @@ fn cai(c: &mut Criterion) {
     let mut import = c.benchmark_group("cai/import");
     for rank in RANKS {
         let t = tensor(rank, cuda);
-        let dict = CudaArrayInterface::from_tensor(&t).expect("exports");
+        let dict = CudaArrayInterface::export(&t).expect("exports");
         let owner: Owner = Arc::new(());
         import.bench_function(BenchmarkId::new("cuda_array_interface", rank), |b| {
             b.iter(|| {
-                let v = black_box(&dict).validate(cuda, &options).expect("valid");
+                let v = black_box(&dict).import(cuda, &options).expect("valid");
                 // SAFETY: never dereferenced (see `tensor`).
                 let t = unsafe { v.into_tensor(owner.clone()) };
                 black_box(&t);
             })
         });
         let h = tensor(rank, Device::CPU);
-        let dict = ArrayInterface::from_tensor(&h).expect("exports");
+        let dict = ArrayInterface::export(&h).expect("exports");
         import.bench_function(BenchmarkId::new("array_interface", rank), |b| {
             b.iter(|| {
-                let v = black_box(&dict).validate(&options).expect("valid");
+                let v = black_box(&dict).import(&options).expect("valid");
                 // SAFETY: never dereferenced (see `tensor`).
                 let t = unsafe { v.into_tensor(owner.clone()) };
                 black_box(&t);
@@ -81,11 +81,11 @@ fn pairs(c: &mut Criterion) {
     let mut group = c.benchmark_group("pairs");
     for rank in RANKS {
         let t = tensor(rank, cuda);
-        let dict = CudaArrayInterface::from_tensor(&t).expect("exports");
+        let dict = CudaArrayInterface::export(&t).expect("exports");
         let owner: Owner = Arc::new(());
         group.bench_function(BenchmarkId::new("cai_to_dlpack", rank), |b| {
             b.iter(|| {
-                let v = black_box(&dict).validate(cuda, &options).expect("valid");
+                let v = black_box(&dict).import(cuda, &options).expect("valid");
                 // SAFETY: never dereferenced (see `tensor`).
                 let t = unsafe { v.into_tensor(owner.clone()) };
                 black_box(export_versioned(&t).expect("exports"))
@@ -97,7 +97,7 @@ fn pairs(c: &mut Criterion) {
                 |raw| {
                     // SAFETY: a live export of `t` (never dereferenced); ownership passes.
                     let imported = unsafe { import_versioned(raw) }.expect("valid");
-                    black_box(CudaArrayInterface::from_tensor(&imported.tensor).expect("exports"))
+                    black_box(CudaArrayInterface::export(&imported.tensor).expect("exports"))
                 },
                 criterion::BatchSize::SmallInput,
             )

@@ -27,7 +27,7 @@ fn main() {
         return;
     }
     assert!(
-        tbc::driver_present(),
+        tensorbridge_cuda::driver_present(),
         "copy_vs_share needs an NVIDIA GPU and driver: libcuda could not be loaded"
     );
     let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
@@ -45,7 +45,7 @@ fn main() {
         let src = producer.clone_htod(&host).expect("upload");
         let copy_src = producer.clone_htod(&host).expect("upload");
         let mut dst = producer.alloc_zeros::<f32>(n).expect("alloc");
-        let tensor = tbc::into_tensor(src).expect("owned tensor");
+        let tensor = tbc::import(src).expect("owned tensor");
         ctx.synchronize().expect("synchronize");
 
         // Share: the whole hand-off a consumer library sees, as host time (it enqueues
@@ -69,7 +69,7 @@ fn main() {
         share(200);
         let share_us = median(share(2_000));
         consumer.synchronize().expect("synchronize");
-        tbc::reclaim();
+        tensorbridge_cuda::reclaim();
 
         // Copy: device time of one D2D copy of the same bytes, CUDA events around it.
         let reps = if bytes >= 1 << 28 { 10 } else { 50 };

@@ -21,7 +21,7 @@ struct Setup {
 
 fn setup() -> Setup {
     assert!(
-        tbc::driver_present(),
+        tensorbridge_cuda::driver_present(),
         "the cudarc benches need an NVIDIA GPU and driver: libcuda could not be loaded"
     );
     let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
@@ -29,7 +29,7 @@ fn setup() -> Setup {
     let consumer = ctx.new_stream().expect("a stream");
     let slice = producer.clone_htod(&vec![1.5f32; 1 << 20]).expect("upload");
     let other = producer.clone_htod(&vec![2.5f32; 1 << 20]).expect("upload");
-    let owned = tbc::into_tensor(other).expect("owned tensor");
+    let owned = tbc::import(other).expect("owned tensor");
     ctx.synchronize().expect("synchronize");
     Setup {
         producer,
@@ -46,7 +46,7 @@ fn slice_to_view(c: &mut Criterion) {
     // cudarc's read event).
     group.bench_function("borrowed", |b| {
         b.iter(|| {
-            tbc::with_slice(black_box(&s.slice), |t| {
+            tbc::lend(black_box(&s.slice), |t| {
                 let v = t.view(&s.consumer)?;
                 Ok::<_, tbc::Error>(black_box(v.device_ptr()))
             })
@@ -63,41 +63,50 @@ fn slice_to_view(c: &mut Criterion) {
     });
     group.finish();
     s.consumer.synchronize().expect("synchronize");
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
 }
 
 fn handoff(c: &mut Criterion) {
     let s = setup();
-    let consumer = tbc::stream_of(&s.consumer);
-    let producer = tbc::stream_of(&s.producer);
-    let signalled = tbc::record_ready(&s.owned).expect("record");
+    let consumer = tensorbridge_cuda::stream_of(&s.consumer);
+    let producer = tensorbridge_cuda::stream_of(&s.producer);
+    let signalled = tensorbridge_cuda::record_ready(&s.owned).expect("record");
     assert!(matches!(signalled.ready(), Ready::Signal(_)));
     let mut group = c.benchmark_group("cudarc/handoff");
     // The raw `handoff`s below hand the driver `consumer` and `producer`: streams of device 0's
     // primary context that `s` keeps alive until after every result is dropped (at once).
     // Ready::Stream: pooled event recorded on the producer, cuStreamWaitEvent on the consumer.
     group.bench_function("stream_ready", |b| {
-        // SAFETY: `consumer` is live, and the result dropped at once (see above).
-        b.iter(|| unsafe { tbc::handoff(black_box(&s.owned), consumer) }.expect("handoff"))
+        b.iter(|| {
+            // SAFETY: `consumer` is live, and the result dropped at once (see above).
+            unsafe { tensorbridge_cuda::handoff_raw(black_box(&s.owned), consumer) }
+                .expect("handoff")
+        })
     });
     // Ready::Signal: cuStreamWaitEvent only.
     group.bench_function("signal_ready", |b| {
-        // SAFETY: `consumer` is live, and the result dropped at once (see above).
-        b.iter(|| unsafe { tbc::handoff(black_box(&signalled), consumer) }.expect("handoff"))
+        b.iter(|| {
+            // SAFETY: `consumer` is live, and the result dropped at once (see above).
+            unsafe { tensorbridge_cuda::handoff_raw(black_box(&signalled), consumer) }
+                .expect("handoff")
+        })
     });
     // Same stream: nothing to do.
     group.bench_function("same_stream", |b| {
-        // SAFETY: `producer` is live, and the result dropped at once (see above).
-        b.iter(|| unsafe { tbc::handoff(black_box(&s.owned), producer) }.expect("handoff"))
+        b.iter(|| {
+            // SAFETY: `producer` is live, and the result dropped at once (see above).
+            unsafe { tensorbridge_cuda::handoff_raw(black_box(&s.owned), producer) }
+                .expect("handoff")
+        })
     });
     // The safe form for a cudarc stream: as `stream_ready`, plus an event recorded on the
     // consumer (the returned readiness keeps the stream alive).
     group.bench_function("handoff_to", |b| {
-        b.iter(|| tbc::handoff_to(black_box(&s.owned), &s.consumer).expect("handoff_to"))
+        b.iter(|| tensorbridge_cuda::handoff(black_box(&s.owned), &s.consumer).expect("handoff_to"))
     });
     // Ready::Stream -> Ready::Signal: one pooled event recorded.
     group.bench_function("record_ready", |b| {
-        b.iter(|| tbc::record_ready(black_box(&s.owned)).expect("record"))
+        b.iter(|| tensorbridge_cuda::record_ready(black_box(&s.owned)).expect("record"))
     });
     group.finish();
     s.consumer.synchronize().expect("synchronize");

@@ -1,6 +1,8 @@
 //! The main job: hand one buffer through every path tensorbridge knows and print a table of
 //! what was shared zero-copy and what each conversion costs. Run it with `cargo xtask demo`
-//! (release); it needs no GPU, CUDA, libtorch or Python.
+//! (release, with libtorch from the managed environment). It needs no GPU, CUDA or Python:
+//! the cudarc row says it was skipped where there is no GPU, and the libtorch row where the
+//! demo was built without the `tch` feature.
 //!
 //! Each path is one [`Path`] in [`PATHS`]: a producer, a consumer, and a function that makes
 //! its own buffer, converts it, and reports a [`Measured`] outcome (or why it was skipped,
@@ -42,16 +44,22 @@ const PATHS: &[Path] = &[
         consumer: "__array_interface__ v3 -> tensorbridge::Tensor",
         run: tensor_through_array_interface,
     },
+    Path {
+        producer: "tensorbridge::Tensor",
+        consumer: "libtorch (tch::Tensor) -> tensorbridge::Tensor",
+        run: tensor_through_libtorch,
+    },
+    Path {
+        producer: "cudarc CudaSlice (GPU)",
+        consumer: "tensorbridge::Tensor -> cudarc kernel argument",
+        run: cudarc_slice_to_kernel_argument,
+    },
 ];
 
 /// What one path did.
 enum Outcome {
     Measured(Measured),
     /// The path cannot run on this machine; the reason is printed under the table.
-    #[allow(
-        dead_code,
-        reason = "the first GPU, libtorch and Python paths will skip here"
-    )]
     Skipped(String),
 }
 
@@ -66,7 +74,7 @@ struct Measured {
 }
 
 fn main() -> Result<()> {
-    println!("tensorbridge demo: one 2x3 float32 buffer through every path (CPU)\n");
+    println!("tensorbridge demo: one 2x3 float32 buffer through every Rust path\n");
     let mut table = Table::new([
         "producer",
         "consumer",
@@ -148,6 +156,81 @@ fn tensor_through_array_interface() -> Result<Outcome> {
     through_consumer(array_interface_roundtrip)
 }
 
+/// A tensor handed to libtorch (tch, with a real deleter) and back: libtorch's CPU tensor
+/// shares the buffer, and the owner chain keeps it alive after the producer's tensor is gone.
+#[cfg(feature = "tch")]
+fn tensor_through_libtorch() -> Result<Outcome> {
+    through_consumer(|t| Ok(tensorbridge_tch::from_tch(&tensorbridge_tch::to_tch(t)?)?))
+}
+
+#[cfg(not(feature = "tch"))]
+fn tensor_through_libtorch() -> Result<Outcome> {
+    Ok(Outcome::Skipped(
+        "built without libtorch (the `tch` feature, which `cargo xtask demo` turns on with its \
+         environment's libtorch)"
+            .to_owned(),
+    ))
+}
+
+/// A cudarc slice imported as a tensor, then viewed as a cudarc kernel argument on another
+/// stream: the view's device address is the slice's, and bytes written through that address
+/// are what the slice reads back. Skipped (with the reason) without a GPU.
+fn cudarc_slice_to_kernel_argument() -> Result<Outcome> {
+    use cudarc::driver::{DevicePtr, sys};
+    if !tensorbridge_cuda::driver_present() {
+        return Ok(Outcome::Skipped(
+            "no CUDA driver on this machine (the GPU rows need an NVIDIA GPU)".to_owned(),
+        ));
+    }
+    let _keep = tensorbridge_cuda::ContextGuard::save()?;
+    let ctx = match tensorbridge_cuda::primary_context(0) {
+        Ok(ctx) => ctx,
+        Err(e) => return Ok(Outcome::Skipped(format!("no usable CUDA device: {e}"))),
+    };
+    let producer = ctx.new_stream()?;
+    let consumer = ctx.new_stream()?;
+    let slice = producer.clone_htod(&f32_pattern(6))?;
+    let base = {
+        let (ptr, _record) = slice.device_ptr(&producer);
+        ptr
+    };
+    let tensor = tensorbridge_cudarc::import(slice).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let view = tensorbridge_cudarc::view::<f32>(&tensor, &consumer)?;
+    let same_pointer = view.device_ptr() == base;
+    // A write through the consumer's address, on the consumer's stream (ordered after the
+    // producer by the view), read back through the producer's slice.
+    let marker = [-7.5f32];
+    ctx.bind_to_thread()?;
+    // SAFETY: the view's address holds 6 floats kept alive by `tensor`; one float is written
+    // from a live local, synchronously on the consumer stream.
+    let rc = unsafe {
+        sys::cuMemcpyHtoDAsync_v2(
+            view.device_ptr(),
+            marker.as_ptr().cast(),
+            size_of::<f32>(),
+            consumer.cu_stream(),
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        bail!("cuMemcpyHtoDAsync failed with {rc:?}");
+    }
+    consumer.synchronize()?;
+    drop(view);
+    let slice = tensorbridge_cudarc::try_into_slice::<f32>(tensor)
+        .map_err(|_| anyhow::anyhow!("the slice did not come back"))?;
+    let write_visible = producer.clone_dtoh(&slice)?[0] == marker[0];
+    let tensor = tensorbridge_cudarc::import(slice).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let per_conversion = median_time(|| {
+        tensorbridge_cudarc::view::<f32>(black_box(&tensor), &consumer)?;
+        Ok(())
+    })?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
 /// Hands a tensor over a buffer to a consumer (`convert`) and checks zero-copy: the
 /// consumer's pointer is the buffer's, and a write through the consumer, made after the
 /// producer's tensor is dropped (only the consumer's chain keeps the buffer alive then), is
@@ -186,8 +269,8 @@ fn write_is_visible(tensor: &Tensor, buffer: &HostBuffer) -> Result<bool> {
 
 /// The conversion being timed: export the interface, validate it, attach the owner.
 fn array_interface_roundtrip(tensor: &Tensor) -> Result<Tensor> {
-    let interface = tensorbridge_cai::ArrayInterface::from_tensor(tensor)?;
-    let validated = interface.validate(&tensorbridge_cai::ImportOptions::new())?;
+    let interface = tensorbridge_cai::ArrayInterface::export(tensor)?;
+    let validated = interface.import(&tensorbridge_cai::ImportOptions::new())?;
     // SAFETY:
     // 1, 2: the interface describes `tensor`'s own memory, which the owner passed on keeps
     //    alive and writable, and `tensor`'s contract (see `describe`) already excludes

@@ -219,15 +219,15 @@ pub fn cai(data: &[u8]) {
             },
         };
         let device = Device::new(DeviceType::Cuda, u32::from(b.u8() % 4));
-        let Ok(validated) = cai.validate(device, &options) else {
+        let Ok(validated) = cai.import(device, &options) else {
             return;
         };
         check_revalidates(validated.descriptor());
         let (desc, _stream) = validated.into_parts();
-        let exported = CudaArrayInterface::from_descriptor(&desc, &tensorbridge::Ready::Now)
+        let exported = CudaArrayInterface::export_descriptor(&desc, &tensorbridge::Ready::Now)
             .expect("a validated CAI exports");
         let again = exported
-            .validate(device, &options)
+            .import(device, &options)
             .expect("our export validates");
         assert_same_interface(again.descriptor(), &desc);
     } else {
@@ -253,13 +253,13 @@ pub fn cai(data: &[u8]) {
             offset: i64::from(b.u8() as i8),
             version: i64::from(b.u8() % 5),
         };
-        let Ok(validated) = ai.validate(&options) else {
+        let Ok(validated) = ai.import(&options) else {
             return;
         };
         check_revalidates(validated.descriptor());
         let tensor = fake_tensor(validated.into_parts().0);
-        let exported = ArrayInterface::from_tensor(&tensor).expect("a validated interface exports");
-        let again = exported.validate(&options).expect("our export validates");
+        let exported = ArrayInterface::export(&tensor).expect("a validated interface exports");
+        let again = exported.import(&options).expect("our export validates");
         assert_same_interface(again.descriptor(), tensor.descriptor());
     }
 }

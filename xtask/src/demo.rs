@@ -6,6 +6,7 @@
 
 use anyhow::{Result, bail};
 
+use crate::venv::with_libtorch;
 use crate::{Steps, cargo, ci, root, split_passthrough, venv};
 
 /// The Python demo, relative to the workspace root.
@@ -29,7 +30,16 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
-    let mut cmd = cargo();
+    // The libtorch row links the environment's libtorch (`--rust-only` leaves both out).
+    let venv = if python {
+        Some(venv::ensure(steps)?)
+    } else {
+        None
+    };
+    let mut cmd = match &venv {
+        Some(venv) => with_libtorch(cargo(), &venv.torch_dir()?),
+        None => cargo(),
+    };
     cmd.args([
         "run",
         "--release",
@@ -38,6 +48,9 @@ fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
         "--example",
         "demo",
     ]);
+    if venv.is_some() {
+        cmd.args(["--features", "tch"]);
+    }
     if !demo_args.is_empty() {
         cmd.arg("--").args(demo_args);
     }
@@ -46,7 +59,9 @@ fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
         steps.skip("demo: Python frameworks", "--rust-only");
         return Ok(());
     }
-    let venv = venv::ensure(steps)?;
+    let Some(venv) = venv else {
+        return Ok(());
+    };
     ci::build_and_install_wheels(steps, &venv)?;
     steps.cmd(
         "demo: Python frameworks",

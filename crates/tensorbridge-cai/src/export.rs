@@ -31,9 +31,9 @@ fn common(desc: &Descriptor) -> Result<Common, Error> {
 }
 
 impl CudaArrayInterface {
-    /// The interface describing `tensor`, zero-copy; see [`CudaArrayInterface::from_descriptor`].
-    pub fn from_tensor(tensor: &Tensor) -> Result<CudaArrayInterface, Error> {
-        CudaArrayInterface::from_descriptor(tensor.descriptor(), tensor.ready())
+    /// The interface describing `tensor`, zero-copy; see [`CudaArrayInterface::export_descriptor`].
+    pub fn export(tensor: &Tensor) -> Result<CudaArrayInterface, Error> {
+        CudaArrayInterface::export_descriptor(tensor.descriptor(), tensor.ready())
     }
 
     /// The interface (version 3) describing memory that CUDA kernels can take: CUDA device,
@@ -44,7 +44,10 @@ impl CudaArrayInterface {
     /// `stream` the producer stream of `ready` through
     /// [`stream_to_wire`](tensorbridge::stream_to_wire) (`None` for [`Ready::Now`]; a signal
     /// with no producer stream is refused, as the interface cannot carry an event).
-    pub fn from_descriptor(desc: &Descriptor, ready: &Ready) -> Result<CudaArrayInterface, Error> {
+    pub fn export_descriptor(
+        desc: &Descriptor,
+        ready: &Ready,
+    ) -> Result<CudaArrayInterface, Error> {
         if !desc.device().kind.is_cuda_accessible() {
             return Err(Error::UnsupportedDevice {
                 device: desc.device(),
@@ -76,9 +79,9 @@ impl CudaArrayInterface {
 }
 
 impl ArrayInterface {
-    /// The interface describing `tensor`, zero-copy; see [`ArrayInterface::from_descriptor`].
-    pub fn from_tensor(tensor: &Tensor) -> Result<ArrayInterface, Error> {
-        ArrayInterface::from_descriptor(tensor.descriptor(), tensor.ready())
+    /// The interface describing `tensor`, zero-copy; see [`ArrayInterface::export_descriptor`].
+    pub fn export(tensor: &Tensor) -> Result<ArrayInterface, Error> {
+        ArrayInterface::export_descriptor(tensor.descriptor(), tensor.ready())
     }
 
     /// The interface (version 3) describing host memory: CPU and pinned host memory
@@ -87,7 +90,7 @@ impl ArrayInterface {
     /// The pointer form of `data` with the byte offset folded in (so `offset` is 0), exact
     /// byte strides, `readonly` carried, the default `descr`. The interface has no stream,
     /// so data with pending device work is refused (the core's `NotReady`): synchronise first.
-    pub fn from_descriptor(desc: &Descriptor, ready: &Ready) -> Result<ArrayInterface, Error> {
+    pub fn export_descriptor(desc: &Descriptor, ready: &Ready) -> Result<ArrayInterface, Error> {
         if !desc.device().kind.is_host_accessible() {
             return Err(Error::UnsupportedDevice {
                 device: desc.device(),

@@ -41,14 +41,14 @@ impl ImportOptions {
 /// data becomes ready on.
 ///
 /// Safe to build and inspect: a [`Descriptor`] promises nothing about the memory. Only
-/// [`Validated::into_tensor`], which trusts the address, is `unsafe`.
+/// [`Imported::into_tensor`], which trusts the address, is `unsafe`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Validated {
+pub struct Imported {
     descriptor: Descriptor,
     stream: StreamRequest,
 }
 
-impl Validated {
+impl Imported {
     /// The validated description (byte offset 0 for the CAI and the pointer form of the
     /// array interface; the buffer's `offset` for its buffer form).
     pub fn descriptor(&self) -> &Descriptor {
@@ -74,7 +74,7 @@ impl Validated {
         (self.descriptor, self.stream)
     }
 
-    /// The tensor: the descriptor, `owner`, and [`Validated::ready`].
+    /// The tensor: the descriptor, `owner`, and [`Imported::ready`].
     ///
     /// Infallible, so `owner` is never dropped on an error path: validate first, then hand
     /// the owner over.
@@ -86,10 +86,10 @@ impl Validated {
     ///    descriptor names, readable, and writable too unless the interface said read-only;
     /// 2. on host-accessible devices, no one else writes those bytes while a host view of
     ///    the tensor reads them, and no one else touches them while a mutable view writes;
-    /// 3. the stream named by [`Validated::stream`], if any, stays valid (CAI v3: the
+    /// 3. the stream named by [`Imported::stream`], if any, stays valid (CAI v3: the
     ///    exporter's stream lives as long as the exporting object, so keeping that object
     ///    in `owner` is enough), and is a stream of the descriptor's device's primary context;
-    /// 4. [`Validated::stream`] is true: [`StreamRequest::NoSync`] only when no work on the
+    /// 4. [`Imported::stream`] is true: [`StreamRequest::NoSync`] only when no work on the
     ///    data is pending, otherwise the stream the producer's pending work is on; and if it
     ///    is the per-thread default stream (`2`), the tensor is used only on the thread that
     ///    exported the interface (it names another stream on every thread). These and
@@ -99,7 +99,7 @@ impl Validated {
         // SAFETY: obligations 1 and 2 are exactly `Tensor::from_descriptor`'s, forwarded to
         // our caller for the same owner and the same descriptor.
         let tensor = unsafe { Tensor::from_descriptor(self.descriptor, owner) };
-        // SAFETY: `ready` is `Validated::stream` as a readiness, which our caller vouches for:
+        // SAFETY: `ready` is `Imported::stream` as a readiness, which our caller vouches for:
         // - `with_ready` 1 (true) and 3 (per-thread stream on its thread): our obligation 4;
         // - `with_ready` 2 (a live stream of the device's primary context while a clone names
         //   it): our obligation 3, which holds until every clone of the owner, so of the
@@ -118,7 +118,7 @@ impl CudaArrayInterface {
     /// present, must be the typestr's default `[('', typestr)]`; `stream` maps through
     /// [`stream_from_wire`] (0 and negative values refused), also for versions below 3 that
     /// carry one.
-    pub fn validate(&self, device: Device, options: &ImportOptions) -> Result<Validated, Error> {
+    pub fn import(&self, device: Device, options: &ImportOptions) -> Result<Imported, Error> {
         if !device.kind.is_cuda_accessible() {
             return Err(Error::UnsupportedDevice {
                 device,
@@ -150,17 +150,17 @@ impl CudaArrayInterface {
                 (e, _) => Error::Core(e),
             },
         )?;
-        Ok(Validated { descriptor, stream })
+        Ok(Imported { descriptor, stream })
     }
 }
 
 impl ArrayInterface {
     /// Validates the interface as host memory ([`Device::CPU`]).
     ///
-    /// The same rules as [`CudaArrayInterface::validate`] without a stream; for
+    /// The same rules as [`CudaArrayInterface::import`] without a stream; for
     /// [`ArrayData::Buffer`], `offset` must be >= 0 and every element must lie inside the
     /// buffer; for [`ArrayData::Pointer`], `offset` is ignored, as the interface says.
-    pub fn validate(&self, options: &ImportOptions) -> Result<Validated, Error> {
+    pub fn import(&self, options: &ImportOptions) -> Result<Imported, Error> {
         let parts = Parts {
             shape: &self.shape,
             typestr: self.typestr,
@@ -192,7 +192,7 @@ impl ArrayInterface {
                 desc
             }
         };
-        Ok(Validated {
+        Ok(Imported {
             descriptor,
             stream: StreamRequest::NoSync,
         })

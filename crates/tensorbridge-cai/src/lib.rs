@@ -1,15 +1,15 @@
 //! The CUDA Array Interface v3 (`__cuda_array_interface__`) and NumPy's array interface v3
 //! (`__array_interface__`) as plain Rust values, converted to and from the core [`Tensor`]
 //! without copying. No Python here: a pyo3 layer fills a [`CudaArrayInterface`] or an
-//! [`ArrayInterface`] from the dict, calls [`validate`](CudaArrayInterface::validate), and
+//! [`ArrayInterface`] from the dict, calls [`validate`](CudaArrayInterface::import), and
 //! turns exported values back into a dict. The typestr grammar they share is [`TypeStr`].
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | CAI -> [`Tensor`] | [`CudaArrayInterface::validate`], then `unsafe` [`Validated::into_tensor`] | zero-copy | `stream` becomes [`Ready::Stream`](tensorbridge::Ready::Stream); `None` [`Ready::Now`](tensorbridge::Ready::Now); 0 and negatives refused |
-//! | array interface -> [`Tensor`] | [`ArrayInterface::validate`], then `unsafe` [`Validated::into_tensor`] | zero-copy | none: [`Ready::Now`](tensorbridge::Ready::Now) |
-//! | [`Tensor`] -> CAI | [`CudaArrayInterface::from_tensor`] | zero-copy | the producer stream (`None` when there is no pending work) |
-//! | [`Tensor`] -> array interface | [`ArrayInterface::from_tensor`] | zero-copy | none: tensors with pending work are refused |
+//! | CAI -> [`Tensor`] | [`CudaArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | `stream` becomes [`Ready::Stream`](tensorbridge::Ready::Stream); `None` [`Ready::Now`](tensorbridge::Ready::Now); 0 and negatives refused |
+//! | array interface -> [`Tensor`] | [`ArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | none: [`Ready::Now`](tensorbridge::Ready::Now) |
+//! | [`Tensor`] -> CAI | [`CudaArrayInterface::export`] | zero-copy | the producer stream (`None` when there is no pending work) |
+//! | [`Tensor`] -> array interface | [`ArrayInterface::export`] | zero-copy | none: tensors with pending work are refused |
 //!
 //! Both directions follow the interfaces' rules (PROTOCOLS.md sections 3 to 5) and validate
 //! through the core: strides count **bytes** here and elements in the core; absent strides
@@ -21,14 +21,14 @@
 //! use tensorbridge_cai::{ArrayInterface, ImportOptions, TypeStr};
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
-//! let ai = ArrayInterface::from_tensor(&t)?; // {'typestr': '<f4', 'strides': (12, 4), ...}
+//! let ai = ArrayInterface::export(&t)?; // {'typestr': '<f4', 'strides': (12, 4), ...}
 //! assert_eq!(ai.typestr, TypeStr::from_dtype(DType::FLOAT32)?);
 //! assert_eq!(ai.strides, Some(vec![12, 4]));
 //!
-//! let validated = ai.validate(&ImportOptions::new())?;
+//! let imported = ai.import(&ImportOptions::new())?;
 //! // SAFETY: `t`'s owner keeps the vector alive for as long as the new tensor's clone of it
 //! // lives, and nothing writes to it.
-//! let back = unsafe { validated.into_tensor(t.owner().clone()) };
+//! let back = unsafe { imported.into_tensor(t.owner().clone()) };
 //! assert_eq!(back.data_ptr(), t.data_ptr());
 //! assert_eq!(back.host_view::<f32>()?.get(&[1, 2])?, 5.0);
 //!
@@ -84,7 +84,7 @@
 //! # Ownership
 //! Neither interface has an owner slot: whoever reads the dict must keep the exporting
 //! object alive. Import therefore takes the owner from the caller, in the `unsafe`
-//! [`Validated::into_tensor`], whose contract is the core's: the memory stays valid until
+//! [`Imported::into_tensor`], whose contract is the core's: the memory stays valid until
 //! every clone of the owner is dropped. Validation is safe and separate, so a refused
 //! import never touches (or drops) the owner. Export borrows the tensor: the caller keeps
 //! the tensor (or its owner) alive as long as the dict's pointer is used, typically by
@@ -114,7 +114,7 @@ mod typestr;
 
 pub use error::Error;
 pub use export::EXPORT_VERSION;
-pub use import::{ImportOptions, Validated};
+pub use import::{ImportOptions, Imported};
 pub use model::{
     ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, DescrField,
     DescrFormat, Interface,
@@ -123,7 +123,7 @@ pub use typestr::{ByteOrder, DateTimeUnit, TimeUnit, TypeKind, TypeStr, TypeStrP
 
 // Thread safety of the public types, checked at compile time: every one is plain data
 // (integers, strings, vectors; addresses are `usize`, never dereferenced here), except
-// `Validated`, which holds a core `Descriptor` and a `StreamRequest`, plain data too.
+// `Imported`, which holds a core `Descriptor` and a `StreamRequest`, plain data too.
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<CudaArrayInterface>();
@@ -141,6 +141,6 @@ const _: () = {
     assert_send_sync::<TimeUnit>();
     assert_send_sync::<TypeStrProblem>();
     assert_send_sync::<ImportOptions>();
-    assert_send_sync::<Validated>();
+    assert_send_sync::<Imported>();
     assert_send_sync::<Error>();
 };

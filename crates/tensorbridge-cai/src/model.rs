@@ -1,6 +1,6 @@
 //! The two interfaces as plain values: what a Python layer reads out of the dict, and what it
-//! puts back into one. Nothing here is checked; [`crate::CudaArrayInterface::validate`] and
-//! [`crate::ArrayInterface::validate`] are the trust boundary.
+//! puts back into one. Nothing here is checked; [`crate::CudaArrayInterface::import`] and
+//! [`crate::ArrayInterface::import`] are the trust boundary.
 
 use std::fmt;
 

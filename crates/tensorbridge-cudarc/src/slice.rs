@@ -1,4 +1,4 @@
-//! cudarc -> [`Tensor`]: borrowed ([`with_slice`]) and owned ([`into_tensor`]) forms, and the
+//! cudarc -> [`Tensor`]: borrowed ([`lend`]) and owned ([`import`]) forms, and the
 //! pure check of a caller's shape and strides against a slice's length.
 
 use std::fmt;
@@ -9,18 +9,18 @@ use cudarc::driver::{
 };
 use tensorbridge::{Access, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 
-use crate::driver::{Event, reclaim, stream_of};
-use crate::handoff::ready_on_stream;
-use crate::view::{Release, TensorView, TensorViewMut, make_view};
-use crate::{CudaElement, Error, IntoTensorError, make_ready_on, make_ready_on_stream};
+use tensorbridge_cuda::{ContextGuard, make_ready_on, make_ready_on_raw, ready_on, reclaim};
+
+use crate::view::{DeviceView, DeviceViewMut, Release, make_view};
+use crate::{CudaElement, Error, ImportError};
 
 /// Checks that `layout` (shape, strides in elements, byte offset) reaches only bytes of a
 /// slice of `len` elements of `itemsize` bytes: every byte `[lo, hi)` it reaches, counted
 /// from the slice's first byte, lies in `[0, len * itemsize)`. Tensors without elements reach
 /// nothing and always fit.
 ///
-/// Pure arithmetic (in `i128`, so it cannot overflow); [`with_slice_shaped`] and
-/// [`into_tensor_shaped`] call it before anything else.
+/// Pure arithmetic (in `i128`, so it cannot overflow); [`lend_shaped`] and
+/// [`import_shaped`] call it before anything else.
 pub fn check_fits(layout: &Layout, itemsize: usize, len: usize) -> Result<(), Error> {
     if layout.numel() == 0 {
         return Ok(());
@@ -96,7 +96,7 @@ pub(crate) mod sealed {
     }
 }
 
-/// A cudarc buffer that [`with_slice`] can borrow: `&CudaSlice<T>` and `&CudaView<'_, T>`
+/// A cudarc buffer that [`lend`] can borrow: `&CudaSlice<T>` and `&CudaView<'_, T>`
 /// give a read-only tensor, `&mut CudaSlice<T>` and `&mut CudaViewMut<'_, T>` a read-write
 /// one. Sealed.
 pub trait Source: sealed::Sealed {}
@@ -162,25 +162,25 @@ impl<T: CudaElement> sealed::Sealed for &mut CudaViewMut<'_, T> {
 impl<T: CudaElement> Source for &mut CudaViewMut<'_, T> {}
 
 /// The owner of a borrowed form's tensor. It keeps nothing alive: the borrow does, and the
-/// tensor never leaves its [`Borrowed`] (see there).
+/// tensor never leaves its [`Lent`] (see there).
 struct BorrowOwner;
 
-/// A cudarc buffer borrowed as a [`Tensor`] for the duration of a [`with_slice`] call.
+/// A cudarc buffer borrowed as a [`Tensor`] for the duration of a [`lend`] call.
 ///
 /// It does not dereference to the tensor: a `Tensor` is `'static` and cheap to clone, so a
 /// clone would outlive the borrow and let safe code use freed memory. It gives out what
 /// cannot escape: the [`Descriptor`] and [`Ready`] by reference, views for cudarc launches
-/// ([`Borrowed::view`], [`Borrowed::view_mut`]), GPU-side ordering
-/// ([`Borrowed::make_ready_on_stream`], [`Borrowed::join_stream`], and their `unsafe`
-/// raw-stream forms [`Borrowed::make_ready_on`], [`Borrowed::join`]), and the tensor itself
-/// only through the `unsafe` [`Borrowed::as_tensor`].
+/// ([`Lent::view`], [`Lent::view_mut`]), GPU-side ordering
+/// ([`Lent::make_ready_on`], [`Lent::join`], and their `unsafe`
+/// raw-stream forms [`Lent::make_ready_on_raw`], [`Lent::join_raw`]), and the tensor itself
+/// only through the `unsafe` [`Lent::as_tensor`].
 ///
-/// When [`with_slice`] returns (or unwinds), the buffer goes back to cudarc's tracking: its
+/// When [`lend`] returns (or unwinds), the buffer goes back to cudarc's tracking: its
 /// stream is made to wait (on the GPU) for the work enqueued so far on every stream a view was
 /// made for, then cudarc's read event (write event, for `&mut` borrows) is recorded on it, so
 /// a later cudarc write or free of the buffer, on any stream, orders after every consumer.
 /// The host is not blocked.
-pub struct Borrowed<S: Source> {
+pub struct Lent<S: Source> {
     tensor: Tensor,
     source: S,
     stream: Arc<CudaStream>,
@@ -206,17 +206,14 @@ pub struct Borrowed<S: Source> {
 /// let ctx = CudaContext::new(0)?;
 /// let stream = ctx.new_stream()?;
 /// let slice = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
-/// let shape = tensorbridge_cudarc::with_slice(&slice, |borrowed| {
+/// let shape = tensorbridge_cudarc::lend(&slice, |borrowed| {
 ///     assert!(borrowed.descriptor().is_readonly());
 ///     Ok::<_, tensorbridge_cudarc::Error>(borrowed.descriptor().shape().to_vec())
 /// })?;
 /// assert_eq!(shape, [3]);
 /// # Ok(()) }
 /// ```
-pub fn with_slice<S, R, E>(
-    source: S,
-    f: impl FnOnce(&mut Borrowed<S>) -> Result<R, E>,
-) -> Result<R, E>
+pub fn lend<S, R, E>(source: S, f: impl FnOnce(&mut Lent<S>) -> Result<R, E>) -> Result<R, E>
 where
     S: Source,
     E: From<Error>,
@@ -224,15 +221,15 @@ where
     let layout = layout_1d(source.len())?;
     let mut borrowed = borrow(source, layout)?;
     f(&mut borrowed)
-    // `borrowed` drops here, on return or unwind: see `Borrowed`'s `Drop`.
+    // `borrowed` drops here, on return or unwind: see `Lent`'s `Drop`.
 }
 
-/// [`with_slice`] with a caller-given layout (shape, strides in elements, byte offset from
+/// [`lend`] with a caller-given layout (shape, strides in elements, byte offset from
 /// the slice's first byte), checked against the slice's length by [`check_fits`].
-pub fn with_slice_shaped<S, R, E>(
+pub fn lend_shaped<S, R, E>(
     source: S,
     layout: &Layout,
-    f: impl FnOnce(&mut Borrowed<S>) -> Result<R, E>,
+    f: impl FnOnce(&mut Lent<S>) -> Result<R, E>,
 ) -> Result<R, E>
 where
     S: Source,
@@ -242,18 +239,20 @@ where
     f(&mut borrowed)
 }
 
-fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Borrowed<S>, Error> {
+fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Lent<S>, Error> {
     check_fits(&layout, size_of::<S::Elem>(), source.len())?;
+    // cudarc's event tracking binds the buffer's context: put the caller's back.
+    let _keep = ContextGuard::save()?;
     let stream = source.home_stream().clone();
     let ptr = source.touch(&stream);
     let desc = describe::<S::Elem>(ptr, &stream, layout, S::ACCESS)?;
-    let ready = ready_on_stream(&stream)?;
+    let ready = ready_on(&stream)?;
     // SAFETY:
     // - the span lies inside the buffer (`check_fits`; `CudaElement` obligation 1 makes the
     //   element sizes agree), which cudarc allocated on the stream's device;
     // - `source` keeps the buffer borrowed, shared for read-only access and exclusively for
-    //   read-write access, for as long as the `Borrowed` lives, and the tensor and every
-    //   clone of its owner stay inside the `Borrowed` and its views, which cannot outlive it
+    //   read-write access, for as long as the `Lent` lives, and the tensor and every
+    //   clone of its owner stay inside the `Lent` and its views, which cannot outlive it
     //   (`as_tensor`, the one way out, is `unsafe` with that obligation);
     // - device memory: no host views (obligation 2 concerns host-accessible memory only).
     let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(BorrowOwner)) };
@@ -262,11 +261,11 @@ fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Borrowed<S>, Error
     //   `stream` itself or an event recorded on it since, so work ordered after `ready` sees
     //   every write cudarc tracked;
     // - 2: `ready` names a stream only as `stream`, a stream of the tensor's device's primary
-    //   context (`ready_on_stream`): the `Borrowed` holds an `Arc` of it (a signal holds its
-    //   own), and the tensor and its clones cannot outlive the `Borrowed` (see above);
-    // - 3: `ready_on_stream` never names the per-thread default stream.
+    //   context (`ready_on`): the `Lent` holds an `Arc` of it (a signal holds its
+    //   own), and the tensor and its clones cannot outlive the `Lent` (see above);
+    // - 3: `ready_on` never names the per-thread default stream.
     let tensor = unsafe { tensor.with_ready(ready) };
-    Ok(Borrowed {
+    Ok(Lent {
         tensor,
         source,
         stream,
@@ -274,7 +273,7 @@ fn borrow<S: Source>(mut source: S, layout: Layout) -> Result<Borrowed<S>, Error
     })
 }
 
-impl<S: Source> Borrowed<S> {
+impl<S: Source> Lent<S> {
     /// The tensor's description.
     pub fn descriptor(&self) -> &Descriptor {
         self.tensor.descriptor()
@@ -292,7 +291,8 @@ impl<S: Source> Borrowed<S> {
 
     /// A read-only view for cudarc launches on `stream`; see [`view`](crate::view). The
     /// buffer's stream is made to wait for `stream`'s work when the scope ends.
-    pub fn view(&self, stream: &Arc<CudaStream>) -> Result<TensorView<'_, S::Elem>, Error> {
+    pub fn view(&self, stream: &Arc<CudaStream>) -> Result<DeviceView<'_, S::Elem>, Error> {
+        refuse_capture(stream)?;
         let view = make_view(&self.tensor, stream, Release::Nothing)?;
         self.consumer(stream);
         Ok(view)
@@ -306,12 +306,13 @@ impl<S: Source> Borrowed<S> {
     pub fn view_mut(
         &mut self,
         stream: &Arc<CudaStream>,
-    ) -> Result<TensorViewMut<'_, S::Elem>, Error> {
+    ) -> Result<DeviceViewMut<'_, S::Elem>, Error> {
         if self.tensor.is_readonly() {
             return Err(tensorbridge::Error::ReadOnly.into());
         }
+        refuse_capture(stream)?;
         self.consumer(stream);
-        make_view(&self.tensor, stream, Release::Nothing).map(TensorViewMut::from_view)
+        make_view(&self.tensor, stream, Release::Nothing).map(DeviceViewMut::from_view)
     }
 
     /// Remembers `stream` for the join at the end of the scope.
@@ -327,80 +328,71 @@ impl<S: Source> Borrowed<S> {
     }
 
     /// Orders `consumer` after the buffer's pending work, on the GPU
-    /// ([`make_ready_on_stream`](crate::make_ready_on_stream)), and remembers it, as views
+    /// ([`make_ready_on`](crate::make_ready_on)), and remembers it, as views
     /// do, so that the buffer's stream waits for its work when the scope ends. Safe: the
     /// stream is live for the call by construction.
-    pub fn make_ready_on_stream(&self, consumer: &Arc<CudaStream>) -> Result<(), Error> {
-        make_ready_on_stream(&self.tensor, consumer)?;
+    pub fn make_ready_on(&self, consumer: &Arc<CudaStream>) -> Result<(), Error> {
+        refuse_capture(consumer)?;
+        make_ready_on(&self.tensor, consumer)?;
         self.consumer(consumer);
         Ok(())
     }
 
     /// Orders `consumer`, a raw stream, after the buffer's pending work, on the GPU
-    /// ([`crate::make_ready_on`]). Unlike [`make_ready_on_stream`](Borrowed::make_ready_on_stream),
-    /// it cannot remember the stream: [`join`](Borrowed::join) it after its work is enqueued.
+    /// ([`crate::make_ready_on_raw`]). Unlike [`make_ready_on`](Lent::make_ready_on),
+    /// it cannot remember the stream: [`join_raw`](Lent::join_raw) it after its work is enqueued.
     ///
     /// # Safety
     /// The caller guarantees:
     /// 1. `consumer` is a live stream on the buffer's device for the duration of the call:
     ///    the handle of a stream of that device's primary context that has not been
-    ///    destroyed, or a default stream ([`crate::make_ready_on`]'s obligation 1).
-    pub unsafe fn make_ready_on(&self, consumer: Stream) -> Result<(), Error> {
-        // SAFETY: our caller's obligation 1 is `make_ready_on`'s, for the tensor that
+    ///    destroyed, or a default stream ([`crate::make_ready_on_raw`]'s obligation 1).
+    pub unsafe fn make_ready_on_raw(&self, consumer: Stream) -> Result<(), Error> {
+        // SAFETY: our caller's obligation 1 is `make_ready_on_raw`'s, for the tensor that
         // describes the buffer (on the buffer's device).
-        unsafe { make_ready_on(&self.tensor, consumer) }
+        Ok(unsafe { make_ready_on_raw(&self.tensor, consumer) }?)
     }
 
     /// Makes the buffer's stream wait (on the GPU) for the work enqueued on `consumer` so
     /// far: call it after using the tensor on a stream of your own through
-    /// [`as_tensor`](Borrowed::as_tensor) (views, and streams given to
-    /// [`make_ready_on_stream`](Borrowed::make_ready_on_stream), are joined by themselves).
+    /// [`as_tensor`](Lent::as_tensor) (views, and streams given to
+    /// [`make_ready_on`](Lent::make_ready_on), are joined by themselves).
     /// `consumer` may be of any context or device. Safe: the stream is live for the call by
     /// construction.
-    pub fn join_stream(&self, consumer: &CudaStream) -> Result<(), Error> {
-        if same_stream(consumer, &self.stream) {
-            return Ok(());
-        }
-        join_streams(consumer, &self.stream)
+    pub fn join(&self, consumer: &CudaStream) -> Result<(), Error> {
+        Ok(tensorbridge_cuda::join(&self.stream, consumer)?)
     }
 
-    /// [`join_stream`](Borrowed::join_stream) for a raw stream of the buffer's stream's
+    /// [`join`](Lent::join) for a raw stream of the buffer's stream's
     /// context (default streams are that context's).
     ///
     /// # Safety
     /// The caller guarantees:
     /// 1. `consumer` is a live stream of the context of the buffer's
-    ///    [`stream`](Borrowed::stream) for the duration of the call: the handle of a stream
+    ///    [`stream`](Lent::stream) for the duration of the call: the handle of a stream
     ///    that has not been destroyed, or a default stream.
-    pub unsafe fn join(&self, consumer: Stream) -> Result<(), Error> {
-        if consumer == stream_of(&self.stream) {
-            return Ok(());
-        }
-        let done = Event::in_context(self.stream.context())?;
-        // SAFETY: `consumer` is live for the call (our caller's obligation 1), in the event's
-        // context.
-        unsafe { done.record(crate::raw_stream(consumer)) }?;
-        // SAFETY: the buffer's stream is a cudarc stream that `self` holds, so live.
-        unsafe { done.make_wait(self.stream.cu_stream()) }
+    pub unsafe fn join_raw(&self, consumer: Stream) -> Result<(), Error> {
+        // SAFETY: our caller's obligation 1 is `join_raw`'s, with the buffer's stream waiting.
+        Ok(unsafe { tensorbridge_cuda::join_raw(&self.stream, consumer) }?)
     }
 
     /// The tensor itself, for adapters that take a `&Tensor`.
     ///
     /// # Safety
     /// The caller guarantees:
-    /// 1. no clone of the tensor or of its owner outlives the [`with_slice`] call (the owner
+    /// 1. no clone of the tensor or of its owner outlives the [`lend`] call (the owner
     ///    keeps nothing alive; the borrow does);
     /// 2. device work that uses the memory through it is ordered before the buffer's next use
-    ///    by cudarc: it was enqueued on the buffer's [`stream`](Borrowed::stream), or on a
-    ///    stream given to [`make_ready_on_stream`](Borrowed::make_ready_on_stream), or
-    ///    [`join_stream`](Borrowed::join_stream) (or [`join`](Borrowed::join)) was called for
+    ///    by cudarc: it was enqueued on the buffer's [`stream`](Lent::stream), or on a
+    ///    stream given to [`make_ready_on`](Lent::make_ready_on), or
+    ///    [`join`](Lent::join) (or [`join_raw`](Lent::join_raw)) was called for
     ///    its stream after it was enqueued.
     pub unsafe fn as_tensor(&self) -> &Tensor {
         &self.tensor
     }
 }
 
-impl<S: Source> Drop for Borrowed<S> {
+impl<S: Source> Drop for Lent<S> {
     fn drop(&mut self) {
         // No view is left (they borrow `self`); whatever they enqueued on their streams is
         // enqueued by now. Make the buffer's stream wait for all of it, then record cudarc's
@@ -411,10 +403,22 @@ impl<S: Source> Drop for Borrowed<S> {
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner),
         );
+        // cudarc binds the buffer's context: put the caller's back (without a driver no
+        // cudarc buffer exists, so the guard cannot fail; if it did, the joins still run).
+        let _keep = ContextGuard::save();
         for consumer in consumers {
-            join(&consumer, &self.stream);
+            join_home(&consumer, &self.stream);
         }
         let _ = self.source.touch(&self.stream);
+    }
+}
+
+/// A lent buffer's borrow ends with its scope, before any replay of a graph captured on
+/// `stream` would run: [`Error::LentToCapture`] for a stream being captured.
+fn refuse_capture(stream: &CudaStream) -> Result<(), Error> {
+    match tensorbridge_cuda::capture_status(stream)? {
+        tensorbridge_cuda::CaptureStatus::None => Ok(()),
+        capture => Err(Error::LentToCapture { capture }),
     }
 }
 
@@ -423,31 +427,19 @@ fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
     a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx()
 }
 
-/// Makes `home` wait on the GPU for the work enqueued on `consumer` so far.
-fn join_streams(consumer: &CudaStream, home: &CudaStream) -> Result<(), Error> {
-    let done = Event::in_context(consumer.context())?;
-    // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; the event is in
-    // its context.
-    unsafe { done.record(consumer.cu_stream()) }?;
-    // SAFETY: `home` is a cudarc stream borrowed for the call, so live; its context is made
-    // current.
-    unsafe { done.make_wait_in(home.cu_stream(), home.context()) }
-}
-
 /// Makes `home` wait on the GPU for the work enqueued on `consumer` so far. If the driver
 /// refuses, blocks until `consumer` is idle instead: the borrow ends when the scope returns,
 /// and the memory must not be reused before the consumer is done with it.
-fn join(consumer: &CudaStream, home: &CudaStream) {
-    let joined = join_streams(consumer, home);
-    if joined.is_err() {
+fn join_home(consumer: &CudaStream, home: &CudaStream) {
+    if tensorbridge_cuda::join(home, consumer).is_err() {
         // Nothing better is left to do with an error here; cudarc keeps it for its next call.
         consumer.context().record_err(consumer.synchronize());
     }
 }
 
-impl<S: Source> fmt::Debug for Borrowed<S> {
+impl<S: Source> fmt::Debug for Lent<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Borrowed")
+        f.debug_struct("Lent")
             .field("tensor", &self.tensor)
             .finish_non_exhaustive()
     }
@@ -466,42 +458,44 @@ struct SliceOwner<T>(CudaSlice<T>);
 // The error carries the slice back (a failed consuming conversion returns its input);
 // boxing it would allocate on the refusal path for nothing.
 #[allow(clippy::result_large_err)]
-pub fn into_tensor<T: CudaElement>(slice: CudaSlice<T>) -> Result<Tensor, IntoTensorError<T>> {
+pub fn import<T: CudaElement>(slice: CudaSlice<T>) -> Result<Tensor, ImportError<T>> {
     match layout_1d(slice.len()) {
         Ok(layout) => own(slice, layout),
-        Err(e) => Err(IntoTensorError::new(e, slice)),
+        Err(e) => Err(ImportError::new(e, slice)),
     }
 }
 
-/// [`into_tensor`] with a caller-given layout, checked against the slice's length by
+/// [`import`] with a caller-given layout, checked against the slice's length by
 /// [`check_fits`]; the slice comes back inside the error when it does not fit.
 // The error carries the slice back (a failed consuming conversion returns its input);
 // boxing it would allocate on the refusal path for nothing.
 #[allow(clippy::result_large_err)]
-pub fn into_tensor_shaped<T: CudaElement>(
+pub fn import_shaped<T: CudaElement>(
     slice: CudaSlice<T>,
     layout: &Layout,
-) -> Result<Tensor, IntoTensorError<T>> {
+) -> Result<Tensor, ImportError<T>> {
     own(slice, layout.clone())
 }
 
 // The error carries the slice back (a failed consuming conversion returns its input);
 // boxing it would allocate on the refusal path for nothing.
 #[allow(clippy::result_large_err)]
-fn own<T: CudaElement>(
-    mut slice: CudaSlice<T>,
-    layout: Layout,
-) -> Result<Tensor, IntoTensorError<T>> {
+fn own<T: CudaElement>(mut slice: CudaSlice<T>, layout: Layout) -> Result<Tensor, ImportError<T>> {
     if let Err(e) = check_fits(&layout, size_of::<T>(), slice.len()) {
-        return Err(IntoTensorError::new(e, slice));
+        return Err(ImportError::new(e, slice));
     }
+    // cudarc's event tracking binds the slice's context: put the caller's back.
+    let _keep = match ContextGuard::save() {
+        Ok(keep) => keep,
+        Err(e) => return Err(ImportError::new(e.into(), slice)),
+    };
     let stream = slice.stream().clone();
     let ptr = DevicePtrMut::device_ptr_mut(&mut slice, &stream).0;
     let described = describe::<T>(ptr, &stream, layout, Access::ReadWrite)
-        .and_then(|desc| Ok((desc, ready_on_stream(&stream)?)));
+        .and_then(|desc| Ok((desc, ready_on(&stream)?)));
     let (desc, ready) = match described {
         Ok(parts) => parts,
-        Err(e) => return Err(IntoTensorError::new(e, slice)),
+        Err(e) => return Err(ImportError::new(e, slice)),
     };
     // SAFETY:
     // - the span lies inside the slice (`check_fits`; `CudaElement` obligation 1), device
@@ -514,13 +508,13 @@ fn own<T: CudaElement>(
     // - 1: `device_ptr_mut` made `stream` wait for the slice's pending cudarc reads and
     //   writes, and `ready` is `stream` itself or an event recorded on it since;
     // - 2: `ready` names a stream only as `stream`, a stream of the tensor's device's primary
-    //   context (`ready_on_stream`), which the slice holds an `Arc` of (a signal holds its
+    //   context (`ready_on`), which the slice holds an `Arc` of (a signal holds its
     //   own): the owner, and so every clone of the tensor, keeps it alive;
-    // - 3: `ready_on_stream` never names the per-thread default stream.
+    // - 3: `ready_on` never names the per-thread default stream.
     Ok(unsafe { tensor.with_ready(ready) })
 }
 
-/// Takes the slice back out of a tensor made by [`into_tensor`], if this is the last clone
+/// Takes the slice back out of a tensor made by [`import`], if this is the last clone
 /// of it (and of its owner) and `T` is its element type; the tensor comes back otherwise.
 ///
 /// Views that were dropped keep the owner alive until their GPU work is done, so this calls
@@ -530,6 +524,10 @@ fn own<T: CudaElement>(
 #[allow(clippy::result_large_err)]
 pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Tensor> {
     reclaim();
+    // cudarc's event tracking binds the slice's context: put the caller's back.
+    let Ok(_keep) = ContextGuard::save() else {
+        return Err(tensor);
+    };
     let Ok(typed) = tensor.owner().clone().downcast::<SliceOwner<T>>() else {
         return Err(tensor);
     };
@@ -537,7 +535,7 @@ pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Te
     if Arc::strong_count(&typed) != 2 {
         return Err(tensor);
     }
-    if make_ready_on_stream(&tensor, typed.0.stream()).is_err() {
+    if make_ready_on(&tensor, typed.0.stream()).is_err() {
         return Err(tensor);
     }
     let desc = tensor.descriptor().clone();
@@ -584,12 +582,5 @@ mod tests {
                 nbytes: 20
             })
         ));
-    }
-
-    #[test]
-    fn device_of_unused_ordinal_is_not_touched_without_a_driver() {
-        if !crate::driver_present() {
-            assert!(matches!(crate::driver::device(0), Err(Error::NoDriver)));
-        }
     }
 }

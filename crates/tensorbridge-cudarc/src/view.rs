@@ -8,8 +8,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, LaunchArgs, PushKernelArg, sys};
 use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor};
 
-use crate::driver::{reclaim, retire, stream_of};
-use crate::handoff::{make_ready_on_stream, ready_on_stream};
+use tensorbridge_cuda::{make_ready_on, ready_on, reclaim, retire_on, stream_of};
+
 use crate::{CudaElement, Error};
 
 /// What a view does for its memory when dropped.
@@ -18,7 +18,7 @@ pub(crate) enum Release {
     /// the view's stream so far ([`crate::reclaim`]).
     Retire,
     /// Nothing: the memory is borrowed, and the scope that holds the borrow orders its next
-    /// use after the view's stream ([`crate::with_slice`]).
+    /// use after the view's stream ([`crate::lend`]).
     Nothing,
 }
 
@@ -31,18 +31,18 @@ enum Guard {
 /// A read-only view of a CUDA [`Tensor`] as a cudarc kernel argument: pass `&view` to
 /// [`LaunchArgs::arg`]; the kernel receives the address of element 0 (`const T*`).
 ///
-/// Made by [`view`] (or [`Borrowed::view`](crate::Borrowed::view)) for one consumer stream,
+/// Made by [`view`] (or [`Lent::view`](crate::Lent::view)) for one consumer stream,
 /// on which it has already enqueued the GPU-side wait for the tensor's readiness. Launch on
-/// that stream ([`stream`](TensorView::stream)); the layout is the tensor's, so the kernel
-/// must index with [`strides_elems`](TensorView::strides_elems) unless the layout was checked
+/// that stream ([`stream`](DeviceView::stream)); the layout is the tensor's, so the kernel
+/// must index with [`strides_elems`](DeviceView::strides_elems) unless the layout was checked
 /// (e.g. `tensor.layout().check(Constraint::RowMajor)?`).
 ///
 /// The view borrows the tensor, so the tensor (and its owner) outlives it on the host. When
 /// it is dropped, the memory is kept alive on the device too: a clone of the owner is held
 /// until the work enqueued on the view's stream so far has finished ([`crate::reclaim`]).
-/// (Views of a [`Borrowed`](crate::Borrowed) buffer leave that to the end of the
-/// [`with_slice`](crate::with_slice) scope.)
-pub struct TensorView<'t, T> {
+/// (Views of a [`Lent`](crate::Lent) buffer leave that to the end of the
+/// [`lend`](crate::lend) scope.)
+pub struct DeviceView<'t, T> {
     ptr: sys::CUdeviceptr,
     tensor: &'t Tensor,
     stream: Arc<CudaStream>,
@@ -54,12 +54,12 @@ pub struct TensorView<'t, T> {
 /// [`LaunchArgs::arg`]; the kernel receives the address of element 0 (`T*`).
 ///
 /// Made by the `unsafe` [`view_mut`], or the safe
-/// [`Borrowed::view_mut`](crate::Borrowed::view_mut). Everything said of [`TensorView`]
+/// [`Lent::view_mut`](crate::Lent::view_mut). Everything said of [`DeviceView`]
 /// holds; in addition, after the kernels that write have been enqueued, the data is ready on
-/// the view's stream ([`ready_after`](TensorView::ready_after)): attach that to the tensor
+/// the view's stream ([`ready_after`](DeviceView::ready_after)): attach that to the tensor
 /// you hand on.
-pub struct TensorViewMut<'t, T> {
-    inner: TensorView<'t, T>,
+pub struct DeviceViewMut<'t, T> {
+    inner: DeviceView<'t, T>,
 }
 
 /// A read-only view of `tensor` for cudarc launches on `stream`.
@@ -67,7 +67,7 @@ pub struct TensorViewMut<'t, T> {
 /// Checks that the memory is CUDA device memory on the stream's device (or managed memory),
 /// and that `T` is the tensor's dtype; then reclaims finished owners ([`crate::reclaim`]) and
 /// enqueues on `stream` the GPU-side wait for the tensor's readiness
-/// ([`make_ready_on_stream`](crate::make_ready_on_stream)). Never blocks the host (but see
+/// ([`make_ready_on`](crate::make_ready_on)). Never blocks the host (but see
 /// there for signals of other adapters).
 ///
 /// Safe: `stream` is a cudarc stream, live by construction, and the tensor's own readiness
@@ -87,7 +87,7 @@ pub struct TensorViewMut<'t, T> {
 pub fn view<'t, T: CudaElement>(
     tensor: &'t Tensor,
     stream: &Arc<CudaStream>,
-) -> Result<TensorView<'t, T>, Error> {
+) -> Result<DeviceView<'t, T>, Error> {
     make_view(tensor, stream, Release::Retire)
 }
 
@@ -104,11 +104,11 @@ pub fn view<'t, T: CudaElement>(
 pub unsafe fn view_mut<'t, T: CudaElement>(
     tensor: &'t Tensor,
     stream: &Arc<CudaStream>,
-) -> Result<TensorViewMut<'t, T>, Error> {
+) -> Result<DeviceViewMut<'t, T>, Error> {
     if tensor.is_readonly() {
         return Err(tensorbridge::Error::ReadOnly.into());
     }
-    make_view(tensor, stream, Release::Retire).map(TensorViewMut::from_view)
+    make_view(tensor, stream, Release::Retire).map(DeviceViewMut::from_view)
 }
 
 /// The checks, the wait and the view; `release` says how the memory outlives the GPU work.
@@ -116,20 +116,21 @@ pub(crate) fn make_view<'t, T: CudaElement>(
     tensor: &'t Tensor,
     stream: &Arc<CudaStream>,
     release: Release,
-) -> Result<TensorView<'t, T>, Error> {
+) -> Result<DeviceView<'t, T>, Error> {
     let device = tensor.device();
     let ordinal = stream.context().ordinal();
     match device.kind {
         DeviceType::Cuda if usize::try_from(device.ordinal).is_ok_and(|o| o == ordinal) => {}
         DeviceType::Cuda => {
-            return Err(Error::DeviceMismatch {
+            return Err(tensorbridge_cuda::Error::DeviceMismatch {
                 tensor: device,
                 stream: ordinal,
-            });
+            }
+            .into());
         }
         // Managed memory is addressable from every device; its ordinal is 0 by convention.
         DeviceType::CudaManaged => {}
-        _ => return Err(Error::NotCudaMemory { device }),
+        _ => return Err(tensorbridge_cuda::Error::NotCudaMemory { device }.into()),
     }
     if T::DTYPE != tensor.dtype() {
         return Err(tensorbridge::Error::DTypeMismatch {
@@ -139,12 +140,12 @@ pub(crate) fn make_view<'t, T: CudaElement>(
         .into());
     }
     reclaim();
-    make_ready_on_stream(tensor, stream)?;
+    make_ready_on(tensor, stream)?;
     let guard = match release {
         Release::Retire => Guard::Retire(Some(tensor.owner().clone())),
         Release::Nothing => Guard::Nothing,
     };
-    Ok(TensorView {
+    Ok(DeviceView {
         // A device address fits in 64 bits on every target cudarc supports.
         ptr: tensor.data_ptr() as sys::CUdeviceptr,
         tensor,
@@ -154,7 +155,7 @@ pub(crate) fn make_view<'t, T: CudaElement>(
     })
 }
 
-impl<'t, T> TensorView<'t, T> {
+impl<'t, T> DeviceView<'t, T> {
     /// The address of element 0 (data pointer plus byte offset), as kernels receive it.
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
         self.ptr
@@ -191,7 +192,7 @@ impl<'t, T> TensorView<'t, T> {
     /// Call it after the launches that write, and attach it to the tensor handed on.
     ///
     /// Attaching is the `unsafe` [`Tensor::with_ready`]: a [`Ready::Stream`] names the view's
-    /// stream without keeping it alive, so keep a clone of [`stream`](TensorView::stream)
+    /// stream without keeping it alive, so keep a clone of [`stream`](DeviceView::stream)
     /// (in the tensor's owner, or beside it) until no clone of the tensor names it:
     ///
     /// ```no_run
@@ -209,16 +210,16 @@ impl<'t, T> TensorView<'t, T> {
     /// # drop(handed); Ok(()) }
     /// ```
     pub fn ready_after(&self) -> Result<Ready, Error> {
-        ready_on_stream(&self.stream)
+        Ok(ready_on(&self.stream)?)
     }
 }
 
-impl<T> Drop for TensorView<'_, T> {
+impl<T> Drop for DeviceView<'_, T> {
     fn drop(&mut self) {
         match &mut self.guard {
             Guard::Retire(owner) => {
                 if let Some(owner) = owner.take() {
-                    retire(&self.stream, owner);
+                    retire_on(&self.stream, owner);
                 }
             }
             Guard::Nothing => {}
@@ -226,15 +227,15 @@ impl<T> Drop for TensorView<'_, T> {
     }
 }
 
-impl<'t, T> TensorViewMut<'t, T> {
-    pub(crate) fn from_view(inner: TensorView<'t, T>) -> Self {
-        TensorViewMut { inner }
+impl<'t, T> DeviceViewMut<'t, T> {
+    pub(crate) fn from_view(inner: DeviceView<'t, T>) -> Self {
+        DeviceViewMut { inner }
     }
 
     /// A read-only view of the same memory on the same stream, for launches that only read;
     /// this mutable view does the release when it is dropped.
-    pub fn as_view(&self) -> TensorView<'_, T> {
-        TensorView {
+    pub fn as_view(&self) -> DeviceView<'_, T> {
+        DeviceView {
             ptr: self.inner.ptr,
             tensor: self.inner.tensor,
             stream: self.inner.stream.clone(),
@@ -244,18 +245,18 @@ impl<'t, T> TensorViewMut<'t, T> {
     }
 }
 
-impl<'t, T> std::ops::Deref for TensorViewMut<'t, T> {
-    type Target = TensorView<'t, T>;
+impl<'t, T> std::ops::Deref for DeviceViewMut<'t, T> {
+    type Target = DeviceView<'t, T>;
 
-    /// The read-only getters; `&TensorViewMut` is not itself a launch argument.
-    fn deref(&self) -> &TensorView<'t, T> {
+    /// The read-only getters; `&DeviceViewMut` is not itself a launch argument.
+    fn deref(&self) -> &DeviceView<'t, T> {
         &self.inner
     }
 }
 
-impl<T> fmt::Debug for TensorView<'_, T> {
+impl<T> fmt::Debug for DeviceView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TensorView")
+        f.debug_struct("DeviceView")
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("desc", self.tensor.descriptor())
             .field("stream", &stream_of(&self.stream))
@@ -263,9 +264,9 @@ impl<T> fmt::Debug for TensorView<'_, T> {
     }
 }
 
-impl<T> fmt::Debug for TensorViewMut<'_, T> {
+impl<T> fmt::Debug for DeviceViewMut<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("TensorViewMut").field(&self.inner).finish()
+        f.debug_tuple("DeviceViewMut").field(&self.inner).finish()
     }
 }
 
@@ -274,17 +275,17 @@ impl<T> fmt::Debug for TensorViewMut<'_, T> {
 // `&'b` borrow of the view, and `'b: 'a` keeps it alive while the launch builder holds the
 // pointer. The pointed-to device memory is valid for the tensor's span on this device: the
 // tensor's owner guarantees it and outlives the view (`'t: 'b`).
-unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b TensorView<'t, T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b DeviceView<'t, T>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b TensorView<'t, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b DeviceView<'t, T>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
 
-// SAFETY: as for `&TensorView`; the view is writable (checked when it was made).
-unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b mut TensorViewMut<'t, T>> for LaunchArgs<'a> {
+// SAFETY: as for `&DeviceView`; the view is writable (checked when it was made).
+unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b mut DeviceViewMut<'t, T>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b mut TensorViewMut<'t, T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b mut DeviceViewMut<'t, T>) -> &mut Self {
         self.arg(&arg.inner.ptr)
     }
 }

@@ -25,13 +25,13 @@ fn total(x: AnyTensor) -> PyResult<f32> {
 fn ramp(py: Python<'_>, n: usize) -> PyResult<Bound<'_, PyAny>> {
     let to_py_err = |e: &dyn std::fmt::Display| PyRuntimeError::new_err(e.to_string());
     // Not `CudaContext::new`: without libcuda that panics, this is an error.
-    let ctx = tensorbridge_cudarc::primary_context(0).map_err(|e| to_py_err(&e))?;
+    let ctx = tensorbridge_cuda::primary_context(0).map_err(|e| to_py_err(&e))?;
     let stream = ctx.new_stream().map_err(|e| to_py_err(&e))?;
     let host: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let slice = stream.clone_htod(&host).map_err(|e| to_py_err(&e))?;
     // Zero-copy: the slice moves into the tensor's owner; its stream is where the data is
     // ready, and the owner keeps that stream alive.
-    let tensor = tensorbridge_cudarc::into_tensor(slice).map_err(|e| to_py_err(e.error()))?;
+    let tensor = tensorbridge_cudarc::import(slice).map_err(|e| to_py_err(e.error()))?;
     tensorbridge_pyo3::into_py(py, tensor)
 }
 

@@ -185,7 +185,7 @@ pub(crate) fn dtype_from_format(format: Option<&str>) -> Result<DType> {
 /// DLPack `(device_type, device_id)` tuple.
 pub(crate) fn device_from_py(obj: &Bound<'_, PyAny>) -> Result<Device> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(s.to_cow()?.parse::<Device>()?);
+        return parse_device(&s.to_cow()?);
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
         let (kind, id): (i32, i32) = t.extract().map_err(|_| Error::NotADevice {
@@ -195,9 +195,28 @@ pub(crate) fn device_from_py(obj: &Bound<'_, PyAny>) -> Result<Device> {
     }
     let tname = type_name(obj);
     if tname == "torch.device" {
-        return Ok(obj.str()?.to_string().parse::<Device>()?);
+        return parse_device(&obj.str()?.to_string());
     }
     Err(Error::NotADevice { type_name: tname })
+}
+
+/// A device name; `"cuda"` (and `"gpu"`) without an ordinal is the calling thread's current
+/// device, as in PyTorch (`torch.device("cuda")`) and CuPy, not `cuda:0`.
+fn parse_device(name: &str) -> Result<Device> {
+    let device = name.parse::<Device>()?;
+    if device.kind == tensorbridge::DeviceType::Cuda && !name.contains(':') {
+        return Ok(Device::cuda(current_cuda_ordinal()));
+    }
+    Ok(device)
+}
+
+/// The calling thread's current CUDA device (its current context's), 0 when none is current
+/// or there is no driver (the runtime API's default).
+pub(crate) fn current_cuda_ordinal() -> u32 {
+    tensorbridge_cuda::current_device()
+        .ok()
+        .flatten()
+        .unwrap_or(0)
 }
 
 /// A stream argument: `None` or an int (bools are not streams).

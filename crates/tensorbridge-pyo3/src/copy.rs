@@ -14,18 +14,19 @@ use tensorbridge::{Access, Descriptor, Device, DeviceType, Stream, StreamRequest
 
 use crate::error::{Error, Result};
 
-/// A failed driver call, as the cudarc adapter reports them.
+/// A failed driver call, as the CUDA layer reports them.
 fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
     if result == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(tensorbridge_cudarc::Error::Driver { call, result }.into())
+        Err(tensorbridge_cuda::Error::Driver { call, result }.into())
     }
 }
 
-/// Makes device `ordinal`'s primary context current on this thread.
+/// Makes device `ordinal`'s primary context current on this thread. Callers hold a
+/// [`tensorbridge_cuda::ContextGuard`] made before, so the caller's context comes back.
 fn bind(ordinal: u32) -> Result<()> {
-    let ctx = tensorbridge_cudarc::primary_context(ordinal)?;
+    let ctx = tensorbridge_cuda::primary_context(ordinal)?;
     // SAFETY: libcuda is loaded (a context exists) and `ctx` holds a retain of the context
     // for the call.
     check("cuCtxSetCurrent", unsafe {
@@ -191,7 +192,8 @@ fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usi
     let legacy = Stream::LegacyDefault;
     // SAFETY: the legacy default stream is always a live stream of the device's primary
     // context.
-    unsafe { tensorbridge_cudarc::make_ready_on(src, legacy) }?;
+    unsafe { tensorbridge_cuda::make_ready_on_raw(src, legacy) }?;
+    let _keep = tensorbridge_cuda::ContextGuard::save()?;
     bind(ordinal(src.device()))?;
     py.detach(|| -> Result<()> {
         // SAFETY: the context is current; `from..from+len` lies in the source's span,
@@ -203,12 +205,12 @@ fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usi
                 to as sys::CUdeviceptr,
                 from as sys::CUdeviceptr,
                 len,
-                tensorbridge_cudarc::raw_stream(legacy),
+                tensorbridge_cuda::raw_stream(legacy),
             )
         })?;
         // SAFETY: the legacy default stream of the current context.
         check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(tensorbridge_cudarc::raw_stream(legacy))
+            sys::cuStreamSynchronize(tensorbridge_cuda::raw_stream(legacy))
         })
     })
 }
@@ -224,6 +226,9 @@ impl Drop for DeviceBuffer {
         // `cuMemFree` waits for work still using the memory before it frees it, so a
         // consumer that drops the copy while its kernels run does not free it under them.
         // Errors leave nothing to undo: the memory is then leaked.
+        let Ok(_keep) = tensorbridge_cuda::ContextGuard::save() else {
+            return;
+        };
         if self.ptr != 0 && bind(self.ordinal).is_ok() {
             // SAFETY: `ptr` came from `cuMemAlloc` in this device's primary context (now
             // current) and is freed once, here.
@@ -257,7 +262,8 @@ pub(crate) unsafe fn on_device(
         StreamRequest::NoSync => Stream::LegacyDefault,
     };
     // SAFETY: `stream` is live for the call (obligation 1, or the legacy default stream).
-    unsafe { tensorbridge_cudarc::make_ready_on(src, stream) }?;
+    unsafe { tensorbridge_cuda::make_ready_on_raw(src, stream) }?;
+    let _keep = tensorbridge_cuda::ContextGuard::save()?;
     bind(device.ordinal)?;
     let mut ptr: sys::CUdeviceptr = 0;
     if len > 0 {
@@ -271,7 +277,7 @@ pub(crate) unsafe fn on_device(
     if len > 0 {
         let from = span.start as sys::CUdeviceptr;
         py.detach(|| -> Result<()> {
-            let raw = tensorbridge_cudarc::raw_stream(stream);
+            let raw = tensorbridge_cuda::raw_stream(stream);
             // SAFETY: the context is current; the source span is live device memory (kept by
             // `src`), the destination a fresh allocation of `len` bytes; `raw` is live for
             // the call (obligation 1); the copy is ordered after the source's producer by

@@ -24,9 +24,12 @@ pub enum Error {
     /// A refusal of the CUDA Array Interface / array interface adapter.
     #[error(transparent)]
     Cai(#[from] tensorbridge_cai::Error),
-    /// A refusal of the cudarc adapter (pointer checks, driver calls, stream hand-off).
+    /// A refusal of the CUDA layer (pointer checks, driver calls, stream hand-off).
     #[error(transparent)]
-    Cuda(#[from] tensorbridge_cudarc::Error),
+    Cuda(#[from] tensorbridge_cuda::Error),
+    /// A refusal of the cudarc adapter (views for kernel launches, slices).
+    #[error(transparent)]
+    Cudarc(#[from] tensorbridge_cudarc::Error),
     /// An exception raised by Python code this crate called (a producer's `__dlpack__`, a
     /// dict lookup...), passed on as it is.
     #[error(transparent)]
@@ -286,6 +289,18 @@ pub enum Error {
 /// The Python exception for a refusal of the core: `TypeError` for element types the core
 /// does not know (STYLE: wrong kinds and dtypes), `BufferError` for data that is not ready or
 /// writable, `ValueError` for the rest.
+/// The exception for a refusal of the CUDA layer: `RuntimeError` for the driver (no driver, a
+/// failing call, a failed signal), the core's for the core's, `ValueError` for the rest
+/// (pointer checks, devices).
+fn cuda_exception(cuda: &tensorbridge_cuda::Error, msg: String) -> PyErr {
+    use tensorbridge_cuda::Error as Cuda;
+    match cuda {
+        Cuda::Driver { .. } | Cuda::Signal(_) | Cuda::NoDriver => PyRuntimeError::new_err(msg),
+        Cuda::Core(core) => core_exception(core, msg),
+        _ => PyValueError::new_err(msg),
+    }
+}
+
 fn core_exception(core: &tensorbridge::Error, msg: String) -> PyErr {
     use tensorbridge::Error as Core;
     match core {
@@ -303,7 +318,6 @@ fn core_exception(core: &tensorbridge::Error, msg: String) -> PyErr {
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         use tensorbridge::Error as Core;
-        use tensorbridge_cudarc::Error as Cuda;
         use tensorbridge_dlpack::Error as Dlpack;
         let msg = e.to_string();
         match e {
@@ -325,12 +339,11 @@ impl From<Error> for PyErr {
             Error::Dlpack(_) => PyBufferError::new_err(msg),
             Error::Cai(tensorbridge_cai::Error::Core(core)) => core_exception(&core, msg),
             Error::Cai(_) => PyValueError::new_err(msg),
-            Error::Cuda(Cuda::Driver { .. } | Cuda::Signal(_) | Cuda::NoDriver) => {
-                PyRuntimeError::new_err(msg)
-            }
-            Error::Cuda(Cuda::Core(core)) => core_exception(&core, msg),
-            // Pointer checks, devices and layouts: bad values.
-            Error::Cuda(_) => PyValueError::new_err(msg),
+            Error::Cuda(cuda) => cuda_exception(&cuda, msg),
+            Error::Cudarc(tensorbridge_cudarc::Error::Cuda(cuda)) => cuda_exception(&cuda, msg),
+            Error::Cudarc(tensorbridge_cudarc::Error::Core(core)) => core_exception(&core, msg),
+            // Layouts outside a slice: bad values.
+            Error::Cudarc(_) => PyValueError::new_err(msg),
             Error::NotATensor { .. }
             | Error::CapsuleName { .. }
             | Error::NotACapsule { .. }

@@ -222,6 +222,6 @@ impl ExchangeApi {
                 .map(Error::from)
                 .unwrap_or_else(|| missing("current_work_stream failed without an exception")));
         }
-        Ok(tensorbridge_cudarc::stream_from_raw(out.cast()))
+        Ok(tensorbridge_cuda::stream_from_raw(out.cast()))
     }
 }

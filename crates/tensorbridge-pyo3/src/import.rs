@@ -31,6 +31,32 @@ const MAX_VERSION: (u32, u32) = (1, 3);
 ///    device the tensor turns out to be on (its primary context), for the call and for as
 ///    long as the returned tensor or a clone of it lives.
 pub(crate) unsafe fn import(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Tensor> {
+    // SAFETY: forwarded obligation 1.
+    settle(unsafe { import_unsettled(obj, stream) }?)
+}
+
+/// A readiness that names a stream only on this thread, or only with this thread's current
+/// device, becomes an event recorded now, so the tensor can cross threads (Views do): the
+/// per-thread default stream (`2`), and default streams of pinned and managed memory (whose
+/// device names no GPU). Anything else is kept as it is.
+pub(crate) fn settle(t: Tensor) -> Result<Tensor> {
+    use tensorbridge::Stream;
+    let local = match t.ready() {
+        Ready::Stream(Stream::PerThreadDefault) => true,
+        Ready::Stream(Stream::LegacyDefault) => t.device().kind != DeviceType::Cuda,
+        _ => false,
+    };
+    if local {
+        return Ok(tensorbridge_cuda::record_ready(&t)?);
+    }
+    Ok(t)
+}
+
+/// [`import`] before [`settle`].
+///
+/// # Safety
+/// As [`import`].
+unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Tensor> {
     // Checked before any producer is asked, so a bad value is refused whatever the object.
     stream_from_wire(StreamConvention::DlpackCuda, stream)?;
     if let Ok(view) = obj.cast::<View>() {
@@ -176,7 +202,7 @@ unsafe fn order_consumer(t: &Tensor, stream: Option<i64>) -> Result<()> {
     if let StreamRequest::Stream(consumer) = stream_from_wire(StreamConvention::DlpackCuda, stream)?
     {
         // SAFETY: obligation 1.
-        unsafe { tensorbridge_cudarc::make_ready_on(t, consumer) }?;
+        unsafe { tensorbridge_cuda::make_ready_on_raw(t, consumer) }?;
     }
     Ok(())
 }
@@ -291,13 +317,27 @@ unsafe fn from_exchange(
     }
     let (device_type, device_id) = t.device().to_dlpack()?;
     let producer = api.current_work_stream(obj, device_type, device_id)?;
+    if stream.is_none() {
+        // No consumer stream: the tensor is ready on the producer's current work stream, and
+        // each consumer orders its own stream against it when it takes the tensor (nothing is
+        // enqueued here, so nothing touches the legacy default stream: capture-safe).
+        // SAFETY:
+        // - 1: the exchange API's producer has its data ready on its current work stream;
+        // - 2: PyTorch's current streams are its default stream or streams of its pools,
+        //   which it never destroys; a stream a caller made current from outside
+        //   (`torch.cuda.ExternalStream`) must outlive the work that uses it, which PyTorch
+        //   itself requires;
+        // - 3: a per-thread default stream is turned into an event by `settle` before the
+        //   tensor leaves this thread's call.
+        return Ok(unsafe { t.with_ready(Ready::Stream(producer)) });
+    }
     match stream_from_wire(StreamConvention::DlpackCuda, stream)? {
         StreamRequest::Stream(consumer) => {
             // SAFETY: the producer's current work stream is live now (it is current), for
             // this call only: the readiness that names it never leaves this function.
             let pending = unsafe { t.clone().with_ready(Ready::Stream(producer)) };
             // SAFETY: `consumer` is live for the call (obligation 1).
-            unsafe { tensorbridge_cudarc::make_ready_on(&pending, consumer) }?;
+            unsafe { tensorbridge_cuda::make_ready_on_raw(&pending, consumer) }?;
             // SAFETY:
             // - 1: `consumer` now waits for the producer's work;
             // - 2 and 3: obligation 1 (or the always-live legacy default stream).
@@ -344,20 +384,20 @@ unsafe fn from_cai(
     one_byte_float(obj, &mut cai.typestr, &mut cai.descr);
     let options = void_options(obj, cai.typestr);
     let checked = cai.data.address != 0;
-    if checked && !tensorbridge_cudarc::driver_present() {
+    if checked && !tensorbridge_cuda::driver_present() {
         return Err(Error::Unchecked {
             addr: cai.data.address,
             device: Device::cuda(0),
         });
     }
     let device = if checked {
-        tensorbridge_cudarc::inspect(cai.data.address)?.device()
+        tensorbridge_cuda::inspect(cai.data.address)?.device()
     } else {
         Device::cuda(0)
     };
-    let validated = cai.validate(device, &options)?;
+    let validated = cai.import(device, &options)?;
     if checked {
-        tensorbridge_cudarc::check_span(validated.descriptor())?;
+        tensorbridge_cuda::check_span(validated.descriptor())?;
     }
     let owner = KeepAlive::owner(obj.clone().unbind(), None);
     // SAFETY:
@@ -396,7 +436,7 @@ fn from_array_interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>) -> Result
     };
     one_byte_float(obj, &mut ai.typestr, &mut ai.descr);
     let options = void_options(obj, ai.typestr);
-    let validated = ai.validate(&options)?;
+    let validated = ai.import(&options)?;
     let inner = held.map(|h| Arc::new(h) as Owner);
     let owner = KeepAlive::owner(obj.clone().unbind(), inner);
     // SAFETY:

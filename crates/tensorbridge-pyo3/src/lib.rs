@@ -6,7 +6,7 @@
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | Python -> [`Tensor`] | [`extract`], [`AnyTensor`], `unsafe` [`extract_on`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | the caller's stream (legacy default for [`extract`]) is ordered after the producer, on the GPU; the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
+//! | Python -> [`Tensor`] | [`extract`], [`AnyTensor`], `unsafe` [`extract_on`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | [`extract`]: the tensor carries the producer's readiness (its current stream, or the stream its protocol names), nothing is enqueued; [`extract_on`]: the caller's stream is ordered after the producer, on the GPU, and the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
 //! | [`Tensor`] -> Python | [`into_py`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
@@ -103,13 +103,16 @@ use tensorbridge::Tensor;
 pub use error::Error;
 pub use view::View;
 
-/// Imports any Python tensor or array zero-copy, in the order of the crate docs, for the
-/// legacy default stream (what `__dlpack__(stream=None)` means): CUDA data is ready for
-/// work enqueued there, and the tensor's readiness says so.
+/// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
+/// enqueued on any stream: the tensor carries the producer's readiness (PyTorch's current
+/// stream through the DLPack C exchange API; the legacy default stream, which
+/// `__dlpack__(stream=None)` orders, for other DLPack producers; the CUDA Array Interface's
+/// `stream`), and whoever uses it on a stream orders against that
+/// ([`tensorbridge_cuda::make_ready_on`], the cudarc adapter's views, `View.__dlpack__`).
 ///
 /// Safe: it trusts the producer's protocol implementation as every consumer does (DLPack
-/// structs, interface dicts and buffers describe memory their exporter keeps valid), and
-/// names no stream but the always-live legacy default stream.
+/// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
+/// streams they name live as long as the framework requires of its users).
 pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     // SAFETY: no stream: only the legacy default stream is named, which is always live.
     Ok(unsafe { import::import(obj, None) }?)

@@ -23,11 +23,18 @@ use crate::view::View;
 /// made from it, lives.
 ///
 /// ``stream`` is the CUDA stream the caller will use the data on, as an int with DLPack's
-/// conventions: ``None`` (the legacy default stream), ``-1`` (no synchronisation), ``1``
-/// (legacy default), ``2`` (per-thread default) or a ``cudaStream_t`` handle; ``0`` raises
-/// ValueError. When the call returns, work the caller enqueues on that stream sees the
-/// producer's data (the producer or tensorbridge made the stream wait on the GPU; the host
-/// never blocks). A handle must stay alive as long as the view lives. Host data ignores it.
+/// conventions: ``-1`` (no synchronisation), ``1`` (legacy default), ``2`` (per-thread
+/// default) or a ``cudaStream_t`` handle; ``0`` raises ValueError. When the call returns,
+/// work the caller enqueues on that stream sees the producer's data (the producer or
+/// tensorbridge made the stream wait on the GPU; the host never blocks). A handle must stay
+/// alive as long as the view lives. Host data ignores it.
+///
+/// With ``stream=None`` (the default) nothing is enqueued: the view remembers where the
+/// producer's data is ready (PyTorch's current stream, through the DLPack C exchange API; the
+/// legacy default stream for producers asked through ``__dlpack__``; the CUDA Array
+/// Interface's ``stream``), and every consumer that takes the view (``torch.from_dlpack``,
+/// CuPy, a Rust kernel) orders its own stream against that, on the GPU, when it takes it.
+/// That keeps ``asview`` legal inside CUDA graph capture.
 ///
 /// Raises TypeError, naming the type, for objects that implement none of the protocols.
 #[pyfunction]
@@ -110,7 +117,12 @@ fn from_ptr_impl(
     let (dtype, packing) = dtype_from_py(dtype)?;
     let device = match device.filter(|d| !d.is_none()) {
         Some(d) => device_from_py(d)?,
-        None => tensorbridge::Device::cuda(0),
+        // The driver knows where a CUDA pointer is (as CuPy's `UnownedMemory` asks it); a
+        // host pointer must say `device="cpu"`.
+        None if addr != 0 && tensorbridge_cuda::driver_present() => {
+            tensorbridge_cuda::inspect(addr)?.device()
+        }
+        None => tensorbridge::Device::cuda(crate::convert::current_cuda_ordinal()),
     };
     if device.kind == tensorbridge::DeviceType::Cpu && device.ordinal != 0 {
         return Err(Error::HostOrdinal { device });
@@ -141,13 +153,13 @@ fn from_ptr_impl(
     };
     let desc = raw.validate()?;
     if device.kind.is_cuda_accessible() {
-        if !tensorbridge_cudarc::driver_present() && desc.numel() > 0 {
+        if !tensorbridge_cuda::driver_present() && desc.numel() > 0 {
             return Err(Error::Unchecked {
                 addr: desc.data_ptr(),
                 device,
             });
         }
-        tensorbridge_cudarc::check_span(&desc)?;
+        tensorbridge_cuda::check_span(&desc)?;
     }
     let ready = match request {
         StreamRequest::NoSync => Ready::Now,
@@ -160,5 +172,6 @@ fn from_ptr_impl(
     let tensor = unsafe { Tensor::from_descriptor(desc, Release::owner(release, owner)) };
     // SAFETY: the caller vouches that `stream` is where the data becomes ready and that it
     // lives as long as the view (documented above); `None` means nothing is pending.
-    Ok(unsafe { tensor.with_ready(ready) })
+    let tensor = unsafe { tensor.with_ready(ready) };
+    crate::import::settle(tensor)
 }

@@ -76,10 +76,13 @@ impl View {
         if to_host && copy == Some(false) {
             return Err(Error::CopyRefused { requested, device });
         }
-        // Streams order device memory: CUDA and managed memory. Everything else (and the
-        // host copy, for which the protocol makes the producer synchronise) takes `None`, or
-        // -1 which asks for nothing.
-        let ordered = matches!(device.kind, DeviceType::Cuda | DeviceType::CudaManaged);
+        // Streams order CUDA-accessible memory: device, managed and pinned. Everything else
+        // (and the host copy, for which the protocol makes the producer synchronise) takes
+        // `None`, or -1 which asks for nothing.
+        let ordered = matches!(
+            device.kind,
+            DeviceType::Cuda | DeviceType::CudaManaged | DeviceType::CudaHost
+        );
         if (to_host || !ordered)
             && let Some(value) = stream.filter(|&v| v != -1)
         {
@@ -105,10 +108,18 @@ impl View {
             };
             (c, true)
         } else {
-            if ordered && let StreamRequest::Stream(consumer) = request()? {
+            if device.kind == DeviceType::CudaHost && stream.is_none() {
+                // Pinned memory to a consumer that passes no stream (NumPy, or any host
+                // consumer): it reads on the host, so the data must be finished when it gets
+                // the capsule. The protocol asks the producer to wait on the host here.
+                if !t.ready().is_now() {
+                    let done = py.detach(|| tensorbridge_cuda::synchronize(t))?;
+                    drop(done);
+                }
+            } else if ordered && let StreamRequest::Stream(consumer) = request()? {
                 // SAFETY: as above: the consumer vouches that its stream is live; this only
                 // enqueues a wait on it (GPU-side, the host does not block).
-                unsafe { tensorbridge_cudarc::make_ready_on(t, consumer) }?;
+                unsafe { tensorbridge_cuda::make_ready_on_raw(t, consumer) }?;
             }
             refuse_negative_strides(t)?;
             (t.clone(), false)
@@ -280,7 +291,7 @@ impl View {
     #[getter(__cuda_array_interface__)]
     fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = self.cai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-            let cai = CudaArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+            let cai = CudaArrayInterface::export(&self.tensor).map_err(|e| {
                 PyAttributeError::new_err(format!("this view has no __cuda_array_interface__: {e}"))
             })?;
             Ok(cai_to_py(py, &cai)?.unbind())
@@ -294,7 +305,7 @@ impl View {
     #[getter(__array_interface__)]
     fn array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = self.ai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-            let ai = ArrayInterface::from_tensor(&self.tensor).map_err(|e| {
+            let ai = ArrayInterface::export(&self.tensor).map_err(|e| {
                 PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
             })?;
             Ok(array_to_py(py, &ai)?.unbind())

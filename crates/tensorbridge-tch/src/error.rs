@@ -16,7 +16,7 @@ pub enum Error {
     Core(#[from] tensorbridge::Error),
     /// The stream hand-off on the CUDA driver failed (or there is no driver).
     #[error(transparent)]
-    Cuda(#[from] tensorbridge_cudarc::Error),
+    Cuda(#[from] tensorbridge_cuda::Error),
     /// libtorch threw while the shim called it.
     #[error("libtorch failed in {call}: {message}")]
     Torch {

@@ -56,7 +56,7 @@ struct Release {
 /// thread frees it; also called by the shim when making the tensor failed.
 ///
 /// On CUDA the owner is not dropped at once but kept until the work enqueued so far on the
-/// stream the tensor was handed to has finished (`tensorbridge_cudarc::retire_on`), as
+/// stream the tensor was handed to has finished (`tensorbridge_cuda::retire_on_raw`), as
 /// libtorch's caching allocator does for its own blocks: kernels libtorch enqueued there
 /// may still read the memory.
 ///
@@ -76,7 +76,7 @@ unsafe extern "C" fn release(ctx: *mut c_void) {
             // tensor was made: its default stream or a pool stream, which libtorch never
             // destroys (the primary context's; never the per-thread stream), so it is live.
             Some((ordinal, stream)) => unsafe {
-                tensorbridge_cudarc::retire_on(ordinal, stream, owner);
+                tensorbridge_cuda::retire_on_raw(ordinal, stream, owner);
             },
             None => drop(owner),
         }
@@ -125,12 +125,12 @@ pub fn to_tch(tensor: &Tensor) -> Result<tch::Tensor, Error> {
 /// and DLPack export libtorch made of it are gone.
 ///
 /// Streams: on CUDA, libtorch's current stream for the tensor's device (on this thread) is
-/// made to wait, on the GPU, for the tensor's [`Ready`] (`tensorbridge_cudarc::make_ready_on`:
+/// made to wait, on the GPU, for the tensor's [`Ready`] (`tensorbridge_cuda::make_ready_on_raw`:
 /// an event, never a host wait), so libtorch work enqueued there afterwards sees the data.
 /// When libtorch frees the storage, the owner is kept until the work enqueued on that stream
-/// has finished ([`tensorbridge_cudarc::reclaim`] releases it; this function calls it too). A
+/// has finished ([`tensorbridge_cuda::reclaim`] releases it; this function calls it too). A
 /// host tensor that is not [`Ready::Now`] is waited for on the host first
-/// (`tensorbridge_cudarc::synchronize`): libtorch's CPU kernels have no stream.
+/// (`tensorbridge_cuda::synchronize`): libtorch's CPU kernels have no stream.
 ///
 /// Refused with a typed error: negative strides ([`Error::NegativeStride`]), sub-byte
 /// dtypes ([`Error::SubByte`]), dtypes libtorch lacks ([`Error::UnsupportedDType`]),
@@ -152,12 +152,12 @@ pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor
         });
     }
     let cuda = if device_type == TorchDeviceType::CUDA {
-        tensorbridge_cudarc::reclaim();
+        tensorbridge_cuda::reclaim();
         let stream = current_cuda_stream(device_index)?;
         // SAFETY: `stream` is libtorch's current stream of the tensor's device on this
         // thread: its default stream (the legacy one) or a pool stream, live for the call
         // (libtorch never destroys them), of the device's primary context.
-        unsafe { tensorbridge_cudarc::make_ready_on(tensor, stream) }?;
+        unsafe { tensorbridge_cuda::make_ready_on_raw(tensor, stream) }?;
         // The deleter may run on another thread, where the per-thread default stream (only
         // an external stream of that value gets here) is another stream; the legacy stream
         // orders after every per-thread stream's work, so retire on that instead.
@@ -169,7 +169,7 @@ pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor
         Some((device_index as u32, retire_on))
     } else {
         if !tensor.ready().is_now() {
-            tensorbridge_cudarc::synchronize(tensor)?;
+            tensorbridge_cuda::synchronize(tensor)?;
         }
         None
     };

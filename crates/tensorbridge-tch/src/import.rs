@@ -44,7 +44,7 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
         unsafe { ffi::tb_tch_current_stream(TorchDeviceType::CUDA, index, &mut handle, &mut err) };
     // SAFETY: `err` is what this call stored.
     unsafe { ffi::check("tb_tch_current_stream", status, err) }?;
-    Ok(tensorbridge_cudarc::stream_from_raw(handle.cast()))
+    Ok(tensorbridge_cuda::stream_from_raw(handle.cast()))
 }
 
 /// A tch tensor as a core [`Tensor`], zero-copy: same memory, same shape, strides in
@@ -137,7 +137,7 @@ pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
             // another stream on every thread, so the tensor carries an event instead.
             // SAFETY: the calling thread's per-thread default stream, live for the call.
             Stream::PerThreadDefault => unsafe {
-                tensorbridge_cudarc::CudaSignal::record(device.ordinal, Stream::PerThreadDefault)
+                tensorbridge_cuda::CudaSignal::record_raw(device.ordinal, Stream::PerThreadDefault)
             }?
             .into_ready(),
             stream => Ready::Stream(stream),

@@ -32,8 +32,8 @@
 //!   storage: after the returned tensor and every view, shallow clone and DLPack export that
 //!   libtorch made of it are gone (the tests count it). On CUDA the deleter does not drop
 //!   the owner at once: it records an event on the stream the tensor was handed to and keeps
-//!   the owner until that work has finished (`tensorbridge_cudarc::retire_on`; released by
-//!   [`tensorbridge_cudarc::reclaim`], which [`to_tch`] and cudarc views call), as
+//!   the owner until that work has finished (`tensorbridge_cuda::retire_on_raw`; released by
+//!   [`tensorbridge_cuda::reclaim`], which [`to_tch`] and cudarc views call), as
 //!   libtorch's caching allocator does with its own blocks. The deleter never unwinds into
 //!   libtorch (a panicking owner aborts the process). A refused or failed conversion keeps
 //!   no clone.

@@ -28,7 +28,7 @@ fn cai_folds_the_offset_and_states_every_stride() {
         0x10_0000,
         Access::ReadOnly,
     );
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(
         c.data,
         DataPointer {
@@ -53,7 +53,7 @@ fn cai_folds_the_offset_and_states_every_stride() {
         0x1000,
         Access::ReadWrite,
     );
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(c.strides, Some(vec![12, 4]));
     assert!(!c.data.readonly);
 }
@@ -68,7 +68,7 @@ fn cai_exports_zero_size_arrays_at_address_0() {
         0x5000,
         Access::ReadWrite,
     );
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(c.data.address, 0);
     assert_eq!(c.strides, Some(vec![16, 4]));
 }
@@ -94,7 +94,7 @@ fn cai_exports_the_producer_stream() {
         ),
     ];
     for (ready, want) in cases {
-        let c = CudaArrayInterface::from_descriptor(&d, &ready).unwrap();
+        let c = CudaArrayInterface::export_descriptor(&d, &ready).unwrap();
         assert_eq!(c.stream, want, "{ready:?}");
     }
 }
@@ -109,7 +109,7 @@ fn cai_takes_managed_and_pinned_memory() {
             0x1001,
             Access::ReadWrite,
         );
-        assert!(CudaArrayInterface::from_descriptor(&d, &Ready::Now).is_ok());
+        assert!(CudaArrayInterface::export_descriptor(&d, &Ready::Now).is_ok());
     }
 }
 
@@ -123,7 +123,7 @@ fn bfloat16_and_opaque_bytes_export_as_void() {
         0x1000,
         Access::ReadWrite,
     );
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(c.typestr.to_string(), "<V2");
     // As CuPy 14.2 does.
     assert_eq!(c.descr, Some(ts("<V2").default_descr()));
@@ -136,14 +136,14 @@ fn bfloat16_and_opaque_bytes_export_as_void() {
         0x1000,
         Access::ReadWrite,
     );
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(c.typestr.to_string(), "|V4");
 }
 
 #[test]
 fn array_interface_describes_a_host_tensor() {
     let t = Tensor::from_vec(vec![1u16, 2, 3, 4, 5, 6], &[3, 2]).unwrap();
-    let a = ArrayInterface::from_tensor(&t).unwrap();
+    let a = ArrayInterface::export(&t).unwrap();
     assert_eq!(
         a.data,
         ArrayData::Pointer(DataPointer {
@@ -159,7 +159,7 @@ fn array_interface_describes_a_host_tensor() {
     assert!(!a.mask);
 
     let ro = t.into_readonly();
-    let a = ArrayInterface::from_tensor(&ro).unwrap();
+    let a = ArrayInterface::export(&ro).unwrap();
     assert!(matches!(
         a.data,
         ArrayData::Pointer(DataPointer { readonly: true, .. })
@@ -170,7 +170,7 @@ fn array_interface_describes_a_host_tensor() {
 fn array_interface_folds_the_offset_into_the_pointer() {
     let layout = Layout::new(&[2], Some(&[-1]), 4).unwrap();
     let d = desc(Device::CPU, DType::INT32, layout, 0x2000, Access::ReadWrite);
-    let a = ArrayInterface::from_descriptor(&d, &Ready::Now).unwrap();
+    let a = ArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
     assert_eq!(
         a.data,
         ArrayData::Pointer(DataPointer {

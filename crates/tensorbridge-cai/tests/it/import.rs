@@ -1,4 +1,4 @@
-//! Import: dict values -> `Validated` -> `Tensor`.
+//! Import: dict values -> `Imported` -> `Tensor`.
 
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -17,7 +17,7 @@ const GPU: Device = Device::cuda(0);
 #[test]
 fn absent_strides_mean_c_order() {
     let v = cai("<f4", &[2, 3, 4], 0x1000)
-        .validate(GPU, &plain())
+        .import(GPU, &plain())
         .unwrap();
     let d = v.descriptor();
     assert_eq!(d.strides_elems(), &[12, 4, 1]);
@@ -33,11 +33,11 @@ fn byte_strides_become_element_strides() {
     // NumPy 2.4.6: np.zeros((2, 3), 'f4')[:, ::2].__array_interface__['strides'] == (12, 8).
     let mut c = cai("<f4", &[2, 2], 0x1000);
     c.strides = Some(vec![12, 8]);
-    let v = c.validate(GPU, &plain()).unwrap();
+    let v = c.import(GPU, &plain()).unwrap();
     assert_eq!(v.descriptor().strides_elems(), &[3, 2]);
     // Negative and zero (broadcast) strides too.
     c.strides = Some(vec![0, -4]);
-    let v = c.validate(GPU, &plain()).unwrap();
+    let v = c.import(GPU, &plain()).unwrap();
     assert_eq!(v.descriptor().strides_elems(), &[0, -1]);
 }
 
@@ -46,37 +46,32 @@ fn versions_0_to_3_are_read() {
     for version in 0..=3 {
         let mut c = cai("|u1", &[4], 0x1000);
         c.version = version;
-        assert!(c.validate(GPU, &plain()).is_ok(), "{version}");
+        assert!(c.import(GPU, &plain()).is_ok(), "{version}");
         let mut h = host("|u1", &[4], 0x1000);
         h.version = version;
-        assert!(h.validate(&plain()).is_ok(), "{version}");
+        assert!(h.import(&plain()).is_ok(), "{version}");
     }
 }
 
 #[test]
 fn null_data_is_accepted_for_zero_size_arrays() {
-    let v = cai("<f8", &[0, 5], 0).validate(GPU, &plain()).unwrap();
+    let v = cai("<f8", &[0, 5], 0).import(GPU, &plain()).unwrap();
     assert_eq!(v.descriptor().numel(), 0);
     assert_eq!(v.descriptor().data_ptr(), 0);
-    assert!(host("<f8", &[3, 0], 0).validate(&plain()).is_ok());
+    assert!(host("<f8", &[3, 0], 0).import(&plain()).is_ok());
 }
 
 #[test]
 fn readonly_is_carried() {
     let mut c = cai("<i2", &[3], 0x1000);
     c.data.readonly = true;
-    assert!(
-        c.validate(GPU, &plain())
-            .unwrap()
-            .descriptor()
-            .is_readonly()
-    );
+    assert!(c.import(GPU, &plain()).unwrap().descriptor().is_readonly());
     let mut h = host("<i2", &[3], 0x1000);
     h.data = ArrayData::Pointer(DataPointer {
         address: 0x1000,
         readonly: true,
     });
-    assert!(h.validate(&plain()).unwrap().descriptor().is_readonly());
+    assert!(h.import(&plain()).unwrap().descriptor().is_readonly());
 }
 
 #[test]
@@ -91,7 +86,7 @@ fn streams_map_to_the_core_model() {
     for (wire, want) in cases {
         let mut c = cai("<f4", &[2], 0x1000);
         c.stream = wire;
-        let v = c.validate(GPU, &plain()).unwrap();
+        let v = c.import(GPU, &plain()).unwrap();
         assert_eq!(v.stream(), want, "{wire:?}");
         match (v.ready(), want) {
             (Ready::Now, StreamRequest::NoSync) => {}
@@ -107,7 +102,7 @@ fn version_2_with_a_stream_is_still_ordered() {
     let mut c = cai("<f4", &[2], 0x1000);
     c.version = 2;
     c.stream = Some(1);
-    let v = c.validate(GPU, &plain()).unwrap();
+    let v = c.import(GPU, &plain()).unwrap();
     assert_eq!(v.stream(), StreamRequest::Stream(Stream::LegacyDefault));
 }
 
@@ -119,7 +114,7 @@ fn cai_takes_cuda_managed_and_pinned_memory() {
         DeviceType::CudaHost,
     ] {
         let dev = Device::new(kind, 1);
-        let v = cai("<f4", &[2], 0x1000).validate(dev, &plain()).unwrap();
+        let v = cai("<f4", &[2], 0x1000).import(dev, &plain()).unwrap();
         assert_eq!(v.descriptor().device(), dev);
     }
 }
@@ -131,7 +126,7 @@ fn cupy_bfloat16_imports_with_the_callers_dtype() {
     c.descr = Some(ts("<V2").default_descr());
     c.strides = Some(vec![8, 2]);
     let opts = ImportOptions::new().void_as(DType::BFLOAT16);
-    let v = c.validate(GPU, &opts).unwrap();
+    let v = c.import(GPU, &opts).unwrap();
     assert_eq!(v.descriptor().dtype(), DType::BFLOAT16);
     assert_eq!(v.descriptor().strides_elems(), &[4, 1]);
 }
@@ -141,7 +136,7 @@ fn fp4_behind_v1_is_one_byte_per_element() {
     let mut c = cai("<V1", &[2, 3], 0x1001);
     c.strides = Some(vec![3, 1]);
     let opts = ImportOptions::new().void_as(DType::FLOAT4_E2M1FN);
-    let v = c.validate(GPU, &opts).unwrap();
+    let v = c.import(GPU, &opts).unwrap();
     let d = v.descriptor();
     assert_eq!(d.dtype(), DType::FLOAT4_E2M1FN);
     assert_eq!(d.packing(), Packing::Padded);
@@ -158,7 +153,7 @@ fn buffer_form_uses_the_offset() {
         readonly: true,
     });
     h.offset = 8;
-    let v = h.validate(&plain()).unwrap();
+    let v = h.import(&plain()).unwrap();
     assert_eq!(v.descriptor().data_ptr(), 0x1008);
     assert_eq!(v.descriptor().byte_span(), 0x1008..0x1010);
     assert!(v.descriptor().is_readonly());
@@ -169,7 +164,7 @@ fn buffer_form_uses_the_offset() {
 fn pointer_form_ignores_the_offset() {
     let mut h = host("<i4", &[2], 0x1000);
     h.offset = 8;
-    let v = h.validate(&plain()).unwrap();
+    let v = h.import(&plain()).unwrap();
     assert_eq!(v.descriptor().data_ptr(), 0x1000);
     assert_eq!(v.descriptor().device(), Device::CPU);
 }
@@ -183,7 +178,7 @@ fn into_tensor_attaches_the_owner_and_the_stream() {
         address: values.as_ptr() as usize,
         readonly: true,
     });
-    let v = h.validate(&plain()).unwrap();
+    let v = h.import(&plain()).unwrap();
     // SAFETY: the owner holds `values`, whose heap buffer (three i16) does not move when the
     // Vec is moved, and which nothing writes; the tensor is read-only.
     let t = unsafe { v.into_tensor(counter.owner_with(values)) };
@@ -200,7 +195,7 @@ fn into_tensor_attaches_the_owner_and_the_stream() {
 
     let mut c = cai("<f4", &[0], 0);
     c.stream = Some(2);
-    let v = c.validate(GPU, &plain()).unwrap();
+    let v = c.import(GPU, &plain()).unwrap();
     // SAFETY: a zero-size tensor: its byte span is empty, so there is no memory to vouch for.
     let t = unsafe { v.into_tensor(counter.owner()) };
     assert!(matches!(t.ready(), Ready::Stream(Stream::PerThreadDefault)));
@@ -265,7 +260,7 @@ proptest! {
             Some(dt) => ImportOptions::new().void_as(dt),
             None => ImportOptions::new(),
         };
-        if let Ok(v) = c.validate(GPU, &opts) {
+        if let Ok(v) = c.import(GPU, &opts) {
             // Whatever is accepted describes what was given.
             let d = v.descriptor();
             prop_assert_eq!(d.shape(), &c.shape[..]);
@@ -292,7 +287,7 @@ proptest! {
             offset,
             version: c.version,
         };
-        if let Ok(v) = h.validate(&opts) {
+        if let Ok(v) = h.import(&opts) {
             let span = v.descriptor().byte_span();
             prop_assert!(
                 span.is_empty()

@@ -87,7 +87,7 @@ fn typestrs_without_a_core_dtype() {
         "<f16", "<c32", "<c4", "<f1", "|O", "|O8", "<M8[ns]", "<m8", "|S4", "<U3", "|t8", "<f",
     ] {
         let t = ts(s);
-        let (e, msg) = refused(cai(s, &[2], 0x1000).validate(GPU, &plain()));
+        let (e, msg) = refused(cai(s, &[2], 0x1000).import(GPU, &plain()));
         assert_eq!(e, Error::UnsupportedTypeStr { typestr: t });
         assert_eq!(
             msg,
@@ -102,7 +102,7 @@ fn typestrs_without_a_core_dtype() {
 #[test]
 fn big_endian_typestrs() {
     for s in [">f4", ">i8", ">c16", ">u2"] {
-        let (e, msg) = refused(host(s, &[2], 0x1000).validate(&plain()));
+        let (e, msg) = refused(host(s, &[2], 0x1000).import(&plain()));
         assert_eq!(e, Error::NonNativeByteOrder { typestr: ts(s) });
         assert_eq!(
             msg,
@@ -115,7 +115,7 @@ fn big_endian_typestrs() {
 
 #[test]
 fn raw_bytes_without_a_dtype() {
-    let (e, msg) = refused(cai("<V2", &[2], 0x1000).validate(GPU, &plain()));
+    let (e, msg) = refused(cai("<V2", &[2], 0x1000).import(GPU, &plain()));
     assert_eq!(e, Error::VoidNeedsDType { typestr: ts("<V2") });
     assert_eq!(
         msg,
@@ -126,7 +126,7 @@ fn raw_bytes_without_a_dtype() {
 #[test]
 fn raw_bytes_of_the_wrong_size() {
     let opts = ImportOptions::new().void_as(DType::FLOAT32);
-    let (e, msg) = refused(cai("<V2", &[2], 0x1000).validate(GPU, &opts));
+    let (e, msg) = refused(cai("<V2", &[2], 0x1000).import(GPU, &opts));
     assert_eq!(
         e,
         Error::VoidSizeMismatch {
@@ -162,7 +162,7 @@ fn dtypes_without_a_typestr() {
         let d =
             Descriptor::new(0x1000, GPU, dt, Packing::Packed, layout, Access::ReadWrite).unwrap();
         assert_eq!(
-            CudaArrayInterface::from_descriptor(&d, &Ready::Now),
+            CudaArrayInterface::export_descriptor(&d, &Ready::Now),
             Err(Error::NoTypeStr { dtype: dt })
         );
     }
@@ -173,7 +173,7 @@ fn unsupported_versions() {
     for version in [4, -1, i64::MAX] {
         let mut c = cai("<f4", &[2], 0x1000);
         c.version = version;
-        let (e, msg) = refused(c.validate(GPU, &plain()));
+        let (e, msg) = refused(c.import(GPU, &plain()));
         assert_eq!(e, Error::UnsupportedVersion { version });
         assert_eq!(
             msg,
@@ -182,7 +182,7 @@ fn unsupported_versions() {
         let mut h = host("<f4", &[2], 0x1000);
         h.version = version;
         assert_eq!(
-            h.validate(&plain()),
+            h.import(&plain()),
             Err(Error::UnsupportedVersion { version })
         );
     }
@@ -192,7 +192,7 @@ fn unsupported_versions() {
 fn masks() {
     let mut c = cai("<f4", &[2], 0x1000);
     c.mask = true;
-    let (e, msg) = refused(c.validate(GPU, &plain()));
+    let (e, msg) = refused(c.import(GPU, &plain()));
     assert_eq!(e, Error::Masked);
     assert_eq!(
         msg,
@@ -200,7 +200,7 @@ fn masks() {
     );
     let mut h = host("<f4", &[2], 0x1000);
     h.mask = true;
-    assert_eq!(h.validate(&plain()), Err(Error::Masked));
+    assert_eq!(h.import(&plain()), Err(Error::Masked));
 }
 
 #[test]
@@ -220,7 +220,7 @@ fn structured_descrs() {
     ];
     c.descr = Some(descr.clone());
     let opaque = DType::new(DTypeCode::OpaqueHandle, 64, 1).unwrap();
-    let (e, msg) = refused(c.validate(GPU, &ImportOptions::new().void_as(opaque)));
+    let (e, msg) = refused(c.import(GPU, &ImportOptions::new().void_as(opaque)));
     assert_eq!(
         e,
         Error::StructuredDescr {
@@ -239,7 +239,7 @@ fn cai_streams_0_and_negative() {
     for value in [0, -1, -2, i64::MIN] {
         let mut c = cai("<f4", &[2], 0x1000);
         c.stream = Some(value);
-        let (e, msg) = refused(c.validate(GPU, &plain()));
+        let (e, msg) = refused(c.import(GPU, &plain()));
         assert_eq!(e, Error::InvalidStream { value });
         assert_eq!(
             msg,
@@ -259,7 +259,7 @@ fn negative_offsets() {
         readonly: false,
     });
     h.offset = -4;
-    let (e, msg) = refused(h.validate(&plain()));
+    let (e, msg) = refused(h.import(&plain()));
     assert_eq!(e, Error::NegativeOffset { offset: -4 });
     assert_eq!(msg, "offset -4 is negative (expected a byte offset >= 0)");
 }
@@ -273,7 +273,7 @@ fn elements_outside_the_buffer() {
         readonly: false,
     });
     h.offset = 4;
-    let (e, msg) = refused(h.validate(&plain()));
+    let (e, msg) = refused(h.import(&plain()));
     assert_eq!(
         e,
         Error::OutsideBuffer {
@@ -289,14 +289,14 @@ fn elements_outside_the_buffer() {
     h.offset = 0;
     h.strides = Some(vec![-4]);
     assert!(matches!(
-        h.validate(&plain()),
+        h.import(&plain()),
         Err(Error::OutsideBuffer { .. })
     ));
 }
 
 #[test]
 fn devices_each_interface_cannot_describe() {
-    let (e, msg) = refused(cai("<f4", &[2], 0x1000).validate(Device::CPU, &plain()));
+    let (e, msg) = refused(cai("<f4", &[2], 0x1000).import(Device::CPU, &plain()));
     assert_eq!(
         e,
         Error::UnsupportedDevice {
@@ -311,7 +311,7 @@ fn devices_each_interface_cannot_describe() {
 
     let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
     assert_eq!(
-        CudaArrayInterface::from_tensor(&t),
+        CudaArrayInterface::export(&t),
         Err(Error::UnsupportedDevice {
             device: Device::CPU,
             interface: Interface::Cuda
@@ -329,7 +329,7 @@ fn devices_each_interface_cannot_describe() {
             Access::ReadWrite,
         )
         .unwrap();
-        let (e, msg) = refused(ArrayInterface::from_descriptor(&d, &Ready::Now));
+        let (e, msg) = refused(ArrayInterface::export_descriptor(&d, &Ready::Now));
         assert_eq!(
             e,
             Error::UnsupportedDevice {
@@ -359,7 +359,7 @@ fn signals_without_a_producer_stream() {
     )
     .unwrap();
     let ready = Ready::Signal(Arc::new(FakeSignal::naming(None)));
-    let (e, msg) = refused(CudaArrayInterface::from_descriptor(&d, &ready));
+    let (e, msg) = refused(CudaArrayInterface::export_descriptor(&d, &ready));
     assert_eq!(e, Error::NoProducerStream);
     assert_eq!(
         msg,
@@ -373,7 +373,7 @@ fn host_export_with_pending_work() {
     // SAFETY: 1: nothing is pending on the host data, so it is ready after any point of any
     // stream; 2: the legacy default stream is no handle; 3: not the per-thread default stream.
     let t = unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) };
-    let (e, msg) = refused(ArrayInterface::from_tensor(&t));
+    let (e, msg) = refused(ArrayInterface::export(&t));
     assert_eq!(e, Error::Core(tensorbridge::Error::NotReady));
     assert_eq!(
         msg,
@@ -395,7 +395,7 @@ fn handles_the_cai_cannot_carry() {
         Access::ReadWrite,
     )
     .unwrap();
-    let (e, msg) = refused(CudaArrayInterface::from_descriptor(
+    let (e, msg) = refused(CudaArrayInterface::export_descriptor(
         &d,
         &Ready::Stream(Stream::Handle(h)),
     ));
@@ -421,7 +421,7 @@ fn handles_the_cai_cannot_carry() {
 fn byte_strides_not_a_multiple_of_the_item_size() {
     let mut c = cai("<f8", &[2, 2], 0x1000);
     c.strides = Some(vec![16, 4]);
-    let (e, msg) = refused(c.validate(GPU, &plain()));
+    let (e, msg) = refused(c.import(GPU, &plain()));
     assert_eq!(
         e,
         Error::Core(tensorbridge::Error::StrideNotMultiple {
@@ -438,7 +438,7 @@ fn byte_strides_not_a_multiple_of_the_item_size() {
 
 #[test]
 fn misaligned_data() {
-    let (e, msg) = refused(cai("<f4", &[2], 0x1002).validate(GPU, &plain()));
+    let (e, msg) = refused(cai("<f4", &[2], 0x1002).import(GPU, &plain()));
     assert_eq!(
         e,
         Error::Core(tensorbridge::Error::Misaligned {
@@ -451,7 +451,7 @@ fn misaligned_data() {
 
 #[test]
 fn null_data_with_elements() {
-    let (e, msg) = refused(cai("<f4", &[2, 3], 0).validate(GPU, &plain()));
+    let (e, msg) = refused(cai("<f4", &[2, 3], 0).import(GPU, &plain()));
     assert_eq!(e, Error::Core(tensorbridge::Error::NullData { numel: 6 }));
     assert_eq!(
         msg,
@@ -463,7 +463,7 @@ fn null_data_with_elements() {
 fn strides_of_another_rank() {
     let mut h = host("<i4", &[2, 2], 0x1000);
     h.strides = Some(vec![4]);
-    let (e, msg) = refused(h.validate(&plain()));
+    let (e, msg) = refused(h.import(&plain()));
     assert_eq!(
         e,
         Error::Core(tensorbridge::Error::RankMismatch {
@@ -476,7 +476,7 @@ fn strides_of_another_rank() {
 
 #[test]
 fn negative_extents() {
-    let (e, msg) = refused(host("<i4", &[2, -3], 0x1000).validate(&plain()));
+    let (e, msg) = refused(host("<i4", &[2, -3], 0x1000).import(&plain()));
     assert_eq!(
         e,
         Error::Core(tensorbridge::Error::NegativeSize { dim: 1, size: -3 })

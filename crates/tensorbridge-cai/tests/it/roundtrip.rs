@@ -61,8 +61,8 @@ fn host_roundtrip<T: Element + PartialEq + Debug>(
     let buf = HostBuffer::new(shape, strides, fill);
     let oracle = buf.expected_contiguous();
     let t = buf.into_tensor(&counter);
-    let a = ArrayInterface::from_tensor(&t)?;
-    let v = a.validate(&ImportOptions::new().void_as(T::DTYPE))?;
+    let a = ArrayInterface::export(&t)?;
+    let v = a.import(&ImportOptions::new().void_as(T::DTYPE))?;
     // SAFETY: the clone of `t`'s owner keeps the buffer alive; it is read-only and nobody
     // writes it.
     let back = unsafe { v.into_tensor(t.owner().clone()) };
@@ -74,8 +74,8 @@ fn host_roundtrip<T: Element + PartialEq + Debug>(
     // The CAI over the same memory, described as pinned host memory.
     let pinned = Device::new(DeviceType::CudaHost, 0);
     let d = expected(t.descriptor(), pinned, false);
-    let c = CudaArrayInterface::from_descriptor(&d, &Ready::Now)?;
-    let v = c.validate(pinned, &ImportOptions::new().void_as(T::DTYPE))?;
+    let c = CudaArrayInterface::export_descriptor(&d, &Ready::Now)?;
+    let v = c.import(pinned, &ImportOptions::new().void_as(T::DTYPE))?;
     // SAFETY: as above; pinned host memory is host memory, and the test never asks a CUDA
     // driver about it.
     let via_cai = unsafe { v.into_tensor(t.owner().clone()) };
@@ -108,8 +108,8 @@ proptest! {
         let raw = RawParts { device_type: kind.code(), ..raw };
         let d = raw.as_raw().validate()?;
         let ready = stream.map_or(Ready::Now, Ready::Stream);
-        let c = CudaArrayInterface::from_descriptor(&d, &ready)?;
-        let v = c.validate(d.device(), &ImportOptions::new().void_as(d.dtype()))?;
+        let c = CudaArrayInterface::export_descriptor(&d, &ready)?;
+        let v = c.import(d.device(), &ImportOptions::new().void_as(d.dtype()))?;
         prop_assert_eq!(v.descriptor(), &expected(&d, d.device(), true));
         prop_assert_eq!(v.stream(), stream.map_or(StreamRequest::NoSync, StreamRequest::Stream));
     }
@@ -118,8 +118,8 @@ proptest! {
     fn array_interface_roundtrip(raw in exportable_raw()) {
         let raw = RawParts { device_type: DeviceType::Cpu.code(), device_id: 0, ..raw };
         let d = raw.as_raw().validate()?;
-        let a = ArrayInterface::from_descriptor(&d, &Ready::Now)?;
-        let v = a.validate(&ImportOptions::new().void_as(d.dtype()))?;
+        let a = ArrayInterface::export_descriptor(&d, &Ready::Now)?;
+        let v = a.import(&ImportOptions::new().void_as(d.dtype()))?;
         prop_assert_eq!(v.descriptor(), &expected(&d, Device::CPU, false));
         prop_assert_eq!(v.stream(), StreamRequest::NoSync);
     }

@@ -30,7 +30,7 @@ fn roundtrip<T: CudaElement + DeviceRepr>(
     let out = consumer.clone_htod(&vec![0xa5u8; nbytes])?;
     let out_ptr = dptr(&out);
 
-    let t = tbc::into_tensor(slice)?;
+    let t = tbc::import(slice)?;
     assert_eq!(t.dtype(), T::DTYPE);
     assert_eq!(t.nbytes(), nbytes as u64);
     {

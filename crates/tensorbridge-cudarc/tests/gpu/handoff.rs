@@ -46,10 +46,10 @@ struct Rig {
 /// How [`Rig::race`] hands the tensor to the consumer.
 #[derive(Clone, Copy)]
 enum HandOff {
-    /// The `unsafe` [`tbc::handoff`], with the consumer as a raw stream handle (as another
+    /// The `unsafe` [`tensorbridge_cuda::handoff_raw`], with the consumer as a raw stream handle (as another
     /// framework's stream would come).
     Raw,
-    /// The safe [`tbc::handoff_to`], with the consumer as a cudarc stream.
+    /// The safe [`tensorbridge_cuda::handoff`], with the consumer as a cudarc stream.
     Cudarc,
     /// None at all: the control.
     Skip,
@@ -80,7 +80,7 @@ impl Rig {
         // - 2: `a`, a stream of device 0's primary context, is held by the rig, which drops
         //   `tensor` first; the tests drop every clone before the rig;
         // - 3: not the per-thread default stream.
-        let tensor = unsafe { tensor.with_ready(Ready::Stream(tbc::stream_of(&a))) };
+        let tensor = unsafe { tensor.with_ready(Ready::Stream(tensorbridge_cuda::stream_of(&a))) };
         let rig = Rig {
             ctx,
             k,
@@ -91,7 +91,7 @@ impl Rig {
             dst,
         };
         // Warm up: the device's primary context and its event pool, outside any timing.
-        tbc::handoff_to(&rig.tensor, &rig.b)?;
+        tensorbridge_cuda::handoff(&rig.tensor, &rig.b)?;
         rig.ctx.synchronize()?;
         Ok(rig)
     }
@@ -114,7 +114,7 @@ impl Rig {
             .launch(&self.k, &self.a)?;
         let a_end = timing_event(&self.a)?;
 
-        let named = tbc::stream_of(consumer);
+        let named = tensorbridge_cuda::stream_of(consumer);
         let start = Instant::now();
         match how {
             HandOff::Raw => {
@@ -122,11 +122,11 @@ impl Rig {
                 // its default streams), alive for the whole race, after `handed` is dropped at
                 // the end of this block; a per-thread `consumer` is this thread's, and
                 // `handed` never leaves it.
-                let handed = unsafe { tbc::handoff(&self.tensor, named) }?;
+                let handed = unsafe { tensorbridge_cuda::handoff_raw(&self.tensor, named) }?;
                 assert_eq!(handed.ready().producer_stream(), Some(named));
             }
             HandOff::Cudarc => {
-                let handed = tbc::handoff_to(&self.tensor, consumer)?;
+                let handed = tensorbridge_cuda::handoff(&self.tensor, consumer)?;
                 assert!(matches!(handed.ready(), Ready::Signal(_)));
                 // The signal names the consumer, except the per-thread default stream.
                 let want = (named != Stream::PerThreadDefault).then_some(named);
@@ -234,8 +234,11 @@ fn handoff_to_the_default_streams() -> Result<()> {
     let rig = Rig::new()?;
     let legacy = rig.ctx.default_stream();
     let per_thread = rig.ctx.per_thread_stream();
-    assert_eq!(tbc::stream_of(&legacy), Stream::LegacyDefault);
-    assert_eq!(tbc::stream_of(&per_thread), Stream::PerThreadDefault);
+    assert_eq!(tensorbridge_cuda::stream_of(&legacy), Stream::LegacyDefault);
+    assert_eq!(
+        tensorbridge_cuda::stream_of(&per_thread),
+        Stream::PerThreadDefault
+    );
     rig.race(&legacy, HandOff::Raw)?
         .assert_ordered_without_blocking("hand-off to the legacy default stream (0x1)");
     rig.race(&per_thread, HandOff::Raw)?
@@ -310,11 +313,11 @@ fn a_recorded_signal_does_not_wait_for_later_producer_work() -> Result<()> {
     Affine::fill(rig.src, N, 2.0, 1.0)
         .after(SPIN_NS)
         .launch(&rig.k, &rig.a)?;
-    let signalled = tbc::record_ready(&rig.tensor)?;
+    let signalled = tensorbridge_cuda::record_ready(&rig.tensor)?;
     assert!(matches!(signalled.ready(), Ready::Signal(_)));
     assert_eq!(
         signalled.ready().producer_stream(),
-        Some(tbc::stream_of(&rig.a))
+        Some(tensorbridge_cuda::stream_of(&rig.a))
     );
     // Later producer work, five times as long, on the same stream.
     Affine::fill(dptr(&other), N, 1.0, 0.0)
@@ -323,7 +326,7 @@ fn a_recorded_signal_does_not_wait_for_later_producer_work() -> Result<()> {
     let a_later = timing_event(&rig.a)?;
 
     let start = Instant::now();
-    tbc::make_ready_on_stream(&signalled, &rig.b)?;
+    tensorbridge_cuda::make_ready_on(&signalled, &rig.b)?;
     let host = start.elapsed();
     Affine::copy(rig.src, dptr(&rig.dst), N).launch(&rig.k, &rig.b)?;
     let c_end = timing_event(&rig.b)?;
@@ -358,7 +361,7 @@ fn synchronize_blocks_until_ready() -> Result<()> {
         .launch(&rig.k, &rig.a)?;
     let a_end = timing_event(&rig.a)?;
     let start = Instant::now();
-    let ready = tbc::synchronize(&rig.tensor)?;
+    let ready = tensorbridge_cuda::synchronize(&rig.tensor)?;
     let host = start.elapsed();
     assert!(ready.ready().is_now());
     assert!(
@@ -376,7 +379,7 @@ fn synchronize_blocks_until_ready() -> Result<()> {
 fn handoff_cost_per_call() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
-    let consumer = tbc::stream_of(&rig.b);
+    let consumer = tensorbridge_cuda::stream_of(&rig.b);
     // For every raw `handoff` below: `consumer` is `rig.b`, a stream of device 0's primary
     // context that the rig keeps alive, and each result is dropped at once.
     const CALLS: u32 = 20_000;
@@ -392,30 +395,34 @@ fn handoff_cost_per_call() -> Result<()> {
     };
     let stream_ready = time(&|| {
         // SAFETY: `consumer` is live, and the result dropped at once (see above).
-        unsafe { tbc::handoff(&rig.tensor, consumer) }
+        unsafe { tensorbridge_cuda::handoff_raw(&rig.tensor, consumer) }
             .map(drop)
             .map_err(Into::into)
     })?;
-    let signalled = tbc::record_ready(&rig.tensor)?;
+    let signalled = tensorbridge_cuda::record_ready(&rig.tensor)?;
     let signal_ready = time(&|| {
         // SAFETY: `consumer` is live, and the result dropped at once (see above).
-        unsafe { tbc::handoff(&signalled, consumer) }
+        unsafe { tensorbridge_cuda::handoff_raw(&signalled, consumer) }
             .map(drop)
             .map_err(Into::into)
     })?;
     let cudarc_ready = time(&|| {
-        tbc::handoff_to(&rig.tensor, &rig.b)
+        tensorbridge_cuda::handoff(&rig.tensor, &rig.b)
             .map(drop)
             .map_err(Into::into)
     })?;
-    let record = time(&|| tbc::record_ready(&rig.tensor).map(drop).map_err(Into::into))?;
+    let record = time(&|| {
+        tensorbridge_cuda::record_ready(&rig.tensor)
+            .map(drop)
+            .map_err(Into::into)
+    })?;
     let view = time(&|| {
         tbc::view::<f32>(&rig.tensor, &rig.b)
             .map(drop)
             .map_err(Into::into)
     })?;
     rig.ctx.synchronize()?;
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     println!(
         "hand-off cost (host, mean of {CALLS}): Ready::Stream {stream_ready:.2} us \
          (event record + cuStreamWaitEvent), Ready::Signal {signal_ready:.2} us \
@@ -435,14 +442,14 @@ fn handoff_cost_per_call() -> Result<()> {
 fn handoffs_return_device_memory_to_baseline() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
-    let consumer = tbc::stream_of(&rig.b);
+    let consumer = tensorbridge_cuda::stream_of(&rig.b);
     let round = |i: u32| -> Result<()> {
         match i % 4 {
             // SAFETY: `consumer` is `rig.b`, live for the whole test; the result is
             // dropped at once.
-            0 => drop(unsafe { tbc::handoff(&rig.tensor, consumer) }?),
-            1 => drop(tbc::handoff_to(&rig.tensor, &rig.b)?),
-            2 => drop(tbc::record_ready(&rig.tensor)?),
+            0 => drop(unsafe { tensorbridge_cuda::handoff_raw(&rig.tensor, consumer) }?),
+            1 => drop(tensorbridge_cuda::handoff(&rig.tensor, &rig.b)?),
+            2 => drop(tensorbridge_cuda::record_ready(&rig.tensor)?),
             _ => drop(tbc::view::<f32>(&rig.tensor, &rig.b)?),
         }
         Ok(())
@@ -452,7 +459,7 @@ fn handoffs_return_device_memory_to_baseline() -> Result<()> {
         round(i)?;
     }
     rig.ctx.synchronize()?;
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     let (free_before, total) = cudarc::driver::result::mem_get_info()?;
     const ROUNDS: u32 = 100_000;
     let start = Instant::now();
@@ -461,7 +468,7 @@ fn handoffs_return_device_memory_to_baseline() -> Result<()> {
     }
     let host = start.elapsed();
     rig.ctx.synchronize()?;
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     let (free_after, _) = cudarc::driver::result::mem_get_info()?;
     let delta = free_before as i64 - free_after as i64;
     println!(

@@ -10,8 +10,10 @@
 // Tests fail through assertions; `Result` only carries driver errors out with their context.
 #![allow(clippy::panic_in_result_fn)]
 
+mod contexts;
 mod devices;
 mod dtypes;
+mod graphs;
 mod handoff;
 mod pointer;
 mod roundtrip;
@@ -34,7 +36,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// first use with a message that does not say a GPU was expected.
 fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     ensure!(
-        tensorbridge_cudarc::driver_present(),
+        tensorbridge_cuda::driver_present(),
         "libcuda not found: the gpu-tests feature expects an NVIDIA GPU and driver \
          (LD_LIBRARY_PATH={:?})",
         std::env::var("LD_LIBRARY_PATH").unwrap_or_default()

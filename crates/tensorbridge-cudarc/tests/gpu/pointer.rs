@@ -4,7 +4,7 @@
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use tensorbridge::{Access, DType, Descriptor, Device, DeviceType, Layout, Packing};
-use tensorbridge_cudarc::{self as tbc, Error, MemoryType};
+use tensorbridge_cuda::{Error, MemoryType};
 
 use crate::{affine, context, dptr, serial};
 
@@ -27,7 +27,7 @@ fn device_allocations_are_found_with_their_range() -> Result<()> {
     let stream = ctx.new_stream()?;
     let slice = stream.clone_htod(&affine(1000, 1.0, 1.0))?;
     let ptr = dptr(&slice) as usize;
-    let info = tbc::inspect(ptr)?;
+    let info = tensorbridge_cuda::inspect(ptr)?;
     println!("inspect({ptr:#x}) = {info:?}");
     assert_eq!(info.memory, MemoryType::Device);
     assert_eq!(info.ordinal, Some(0));
@@ -37,11 +37,11 @@ fn device_allocations_are_found_with_their_range() -> Result<()> {
         "{info:?}"
     );
     // An interior address belongs to the same allocation.
-    let inner = tbc::inspect(ptr + 400)?;
+    let inner = tensorbridge_cuda::inspect(ptr + 400)?;
     assert_eq!((inner.base, inner.size), (info.base, info.size));
     // The slice's own span passes.
     let exact = f32_desc(Device::cuda(0), ptr, Layout::row_major(&[1000])?);
-    assert_eq!(tbc::check_span(&exact)?, Some(info));
+    assert_eq!(tensorbridge_cuda::check_span(&exact)?, Some(info));
     Ok(())
 }
 
@@ -50,18 +50,18 @@ fn fabricated_addresses_are_refused() -> Result<()> {
     let _serial = serial();
     context(0)?;
     let made_up = 0x1234_5678_9012_3450usize;
-    let err = tbc::inspect(made_up).unwrap_err();
+    let err = tensorbridge_cuda::inspect(made_up).unwrap_err();
     println!("{err}");
     assert!(matches!(err, Error::NotAllocation { addr } if addr == made_up));
     let desc = f32_desc(Device::cuda(0), made_up, Layout::row_major(&[16])?);
     assert!(matches!(
-        tbc::check_span(&desc),
+        tensorbridge_cuda::check_span(&desc),
         Err(Error::NotAllocation { .. })
     ));
     // Ordinary host memory is no CUDA allocation either.
     let host = vec![1.0f32; 64];
     assert!(matches!(
-        tbc::inspect(host.as_ptr() as usize),
+        tensorbridge_cuda::inspect(host.as_ptr() as usize),
         Err(Error::NotAllocation { .. })
     ));
     Ok(())
@@ -73,12 +73,12 @@ fn spans_running_outside_the_allocation_are_refused() -> Result<()> {
     let ctx = context(0)?;
     let stream = ctx.new_stream()?;
     let slice = stream.clone_htod(&affine(4096, 1.0, 1.0))?;
-    let info = tbc::inspect(dptr(&slice) as usize)?;
+    let info = tensorbridge_cuda::inspect(dptr(&slice) as usize)?;
     let end = info.base + info.size;
 
     // 128 floats starting 256 bytes before the allocation's end: 256 bytes past it.
     let past = f32_desc(Device::cuda(0), end - 256, Layout::row_major(&[128])?);
-    let err = tbc::check_span(&past).unwrap_err();
+    let err = tensorbridge_cuda::check_span(&past).unwrap_err();
     println!("{err}");
     assert!(
         matches!(err, Error::PastAllocation { by: 256, .. }),
@@ -91,7 +91,7 @@ fn spans_running_outside_the_allocation_are_refused() -> Result<()> {
         info.base,
         Layout::new(&[16], Some(&[-1]), 0)?,
     );
-    let err = tbc::check_span(&before).unwrap_err();
+    let err = tensorbridge_cuda::check_span(&before).unwrap_err();
     println!("{err}");
     assert!(
         matches!(err, Error::BeforeAllocation { by: 60, .. }),
@@ -100,7 +100,7 @@ fn spans_running_outside_the_allocation_are_refused() -> Result<()> {
 
     // The right memory claimed on the wrong device.
     let elsewhere = f32_desc(Device::cuda(1), info.base, Layout::row_major(&[16])?);
-    let err = tbc::check_span(&elsewhere).unwrap_err();
+    let err = tensorbridge_cuda::check_span(&elsewhere).unwrap_err();
     println!("{err}");
     assert!(
         matches!(err, Error::OrdinalMismatch { found: 0, .. }),
@@ -116,12 +116,12 @@ fn pinned_and_managed_memory_are_told_apart() -> Result<()> {
     // SAFETY: the memory is only inspected, never read.
     let pinned = unsafe { ctx.alloc_pinned::<f32>(256) }?;
     let pinned_ptr = pinned.as_ptr()? as usize;
-    let info = tbc::inspect(pinned_ptr)?;
+    let info = tensorbridge_cuda::inspect(pinned_ptr)?;
     println!("pinned: {info:?}");
     assert_eq!(info.memory, MemoryType::Host);
     let as_cuda = f32_desc(Device::cuda(0), pinned_ptr, Layout::row_major(&[256])?);
     assert!(matches!(
-        tbc::check_span(&as_cuda),
+        tensorbridge_cuda::check_span(&as_cuda),
         Err(Error::MemoryTypeMismatch {
             found: MemoryType::Host,
             ..
@@ -132,13 +132,13 @@ fn pinned_and_managed_memory_are_told_apart() -> Result<()> {
         pinned_ptr,
         Layout::row_major(&[256])?,
     );
-    tbc::check_span(&as_host)?;
+    tensorbridge_cuda::check_span(&as_host)?;
 
     // SAFETY: the memory is only inspected, never read; 1 KiB of managed memory.
     let managed = unsafe { ctx.alloc_unified::<f32>(256, true) }?;
     let stream = ctx.default_stream();
     let (managed_ptr, _record) = managed.device_ptr(&stream);
-    let info = tbc::inspect(managed_ptr as usize)?;
+    let info = tensorbridge_cuda::inspect(managed_ptr as usize)?;
     println!("managed: {info:?}");
     assert_eq!(info.memory, MemoryType::Managed);
     let as_managed = f32_desc(
@@ -146,6 +146,6 @@ fn pinned_and_managed_memory_are_told_apart() -> Result<()> {
         managed_ptr as usize,
         Layout::row_major(&[256])?,
     );
-    tbc::check_span(&as_managed)?;
+    tensorbridge_cuda::check_span(&as_managed)?;
     Ok(())
 }

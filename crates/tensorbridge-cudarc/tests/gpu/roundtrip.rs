@@ -26,7 +26,7 @@ fn borrowed_slice_keeps_the_pointer_and_sees_cudarc_writes() -> Result<()> {
     let out = consumer.clone_htod(&vec![-1.0f32; N])?;
     let out_ptr = dptr(&out);
 
-    tbc::with_slice(&slice, |borrowed| -> Result<()> {
+    tbc::lend(&slice, |borrowed| -> Result<()> {
         let desc = borrowed.descriptor();
         assert_eq!(desc.data_ptr() as u64, ptr);
         assert_eq!(desc.device(), Device::cuda(0));
@@ -35,7 +35,7 @@ fn borrowed_slice_keeps_the_pointer_and_sees_cudarc_writes() -> Result<()> {
         assert!(desc.is_readonly());
         assert_eq!(
             borrowed.ready().producer_stream(),
-            Some(tbc::stream_of(&producer))
+            Some(tensorbridge_cuda::stream_of(&producer))
         );
         let x = borrowed.view(&consumer)?;
         assert_eq!(x.device_ptr(), ptr);
@@ -69,7 +69,7 @@ fn writes_through_a_mutable_view_reach_the_slice() -> Result<()> {
     let producer = ctx.new_stream()?;
     let consumer = ctx.new_stream()?;
     let mut slice = producer.clone_htod(&affine(N, 0.5, 2.0))?;
-    tbc::with_slice(&mut slice, |borrowed| -> Result<()> {
+    tbc::lend(&mut slice, |borrowed| -> Result<()> {
         assert_eq!(borrowed.descriptor().access(), Access::ReadWrite);
         let mut x = borrowed.view_mut(&consumer)?;
         let n = N as u64;
@@ -94,7 +94,7 @@ fn writes_through_a_mutable_view_reach_the_slice() -> Result<()> {
     );
 
     // A shared borrow gives no mutable view.
-    tbc::with_slice(&slice, |shared| -> Result<()> {
+    tbc::lend(&slice, |shared| -> Result<()> {
         assert!(matches!(
             shared.view_mut(&consumer),
             Err(Error::Core(tensorbridge::Error::ReadOnly))
@@ -114,11 +114,14 @@ fn owned_tensor_roundtrips_to_the_same_slice() -> Result<()> {
     let slice = producer.clone_htod(&affine(N, 2.0, -5.0))?;
     let ptr = dptr(&slice);
 
-    let t = tbc::into_tensor(slice)?;
+    let t = tbc::import(slice)?;
     assert_eq!(t.data_ptr() as u64, ptr);
     assert_eq!(t.device(), Device::cuda(0));
     assert_eq!(t.access(), Access::ReadWrite);
-    assert_eq!(t.ready().producer_stream(), Some(tbc::stream_of(&producer)));
+    assert_eq!(
+        t.ready().producer_stream(),
+        Some(tensorbridge_cuda::stream_of(&producer))
+    );
     {
         // SAFETY: no other view, clone or foreign code touches `t` meanwhile.
         let mut x = unsafe { tbc::view_mut::<f32>(&t, &consumer)? };
@@ -141,7 +144,7 @@ fn owned_tensor_roundtrips_to_the_same_slice() -> Result<()> {
     // - 2: `consumer`, a stream of device 0's primary context, lives to the end of the test,
     //   after `t` and its clones;
     // - 3: not the per-thread default stream.
-    let t = unsafe { t.with_ready(Ready::Stream(tbc::stream_of(&consumer))) };
+    let t = unsafe { t.with_ready(Ready::Stream(tensorbridge_cuda::stream_of(&consumer))) };
 
     // A wrong element type or a second holder gets the tensor back.
     let t = tbc::try_into_slice::<i32>(t).expect_err("the owner holds f32");
@@ -160,7 +163,7 @@ fn owned_tensor_roundtrips_to_the_same_slice() -> Result<()> {
 
     // Shapes are checked, and a refused slice comes back.
     let bad = Layout::row_major(&[N as i64 + 1])?;
-    let refused = tbc::into_tensor_shaped(slice, &bad).expect_err("one element too many");
+    let refused = tbc::import_shaped(slice, &bad).expect_err("one element too many");
     assert!(matches!(refused.error(), Error::OutsideSlice { .. }));
     assert_eq!(refused.into_inner().len(), N);
     Ok(())
@@ -197,7 +200,7 @@ fn foreign_tensors_drive_launches_and_outlive_their_kernels() -> Result<()> {
     // - 2: `producer`, a stream of device 0's primary context, lives to the end of the test,
     //   after `t` (dropped below);
     // - 3: not the per-thread default stream.
-    let t = unsafe { t.with_ready(Ready::Stream(tbc::stream_of(&producer))) };
+    let t = unsafe { t.with_ready(Ready::Stream(tensorbridge_cuda::stream_of(&producer))) };
     // SAFETY: refused before any view exists (the tensor is read-only).
     let refused = unsafe { tbc::view_mut::<f32>(&t, &consumer) };
     assert!(matches!(
@@ -226,14 +229,14 @@ fn foreign_tensors_drive_launches_and_outlive_their_kernels() -> Result<()> {
     }
     // The tensor is gone while the kernel still spins: the owner must wait for it.
     drop(t);
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     assert_eq!(
         counter.drops(),
         0,
         "the owner was dropped while a kernel still read its memory"
     );
     consumer.synchronize()?;
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     assert_eq!(
         counter.drops(),
         1,
@@ -259,7 +262,7 @@ fn shaped_views_index_with_their_strides() -> Result<()> {
     let out = stream.clone_htod(&vec![-1.0f32; rows * cols])?;
     let out_ptr = dptr(&out);
 
-    let gather = |view: &tbc::TensorView<'_, f32>| -> Result<Vec<f32>> {
+    let gather = |view: &tbc::DeviceView<'_, f32>| -> Result<Vec<f32>> {
         let shape = view.shape();
         let strides = view.strides_elems();
         // SAFETY: `gather2d(const float*, i64, i64, i64, i64, float*)` reads the view through
@@ -282,7 +285,7 @@ fn shaped_views_index_with_their_strides() -> Result<()> {
 
     // The transpose: 6 x 4 with strides (1, 6).
     let transposed = Layout::new(&[cols as i64, rows as i64], Some(&[1, cols as i64]), 0)?;
-    let got = tbc::with_slice_shaped(&slice, &transposed, |b| gather(&b.view(&stream)?))?;
+    let got = tbc::lend_shaped(&slice, &transposed, |b| gather(&b.view(&stream)?))?;
     let want: Vec<f32> = (0..cols * rows)
         .map(|i| host[(i % rows) * cols + i / rows])
         .collect();
@@ -295,7 +298,7 @@ fn shaped_views_index_with_their_strides() -> Result<()> {
         Some(&[-(cols as i64), 1]),
         offset,
     )?;
-    let got = tbc::with_slice_shaped(&slice, &reversed, |b| {
+    let got = tbc::lend_shaped(&slice, &reversed, |b| {
         assert_eq!(b.descriptor().data_ptr() as u64, dptr(&slice) + offset);
         gather(&b.view(&stream)?)
     })?;
@@ -306,7 +309,7 @@ fn shaped_views_index_with_their_strides() -> Result<()> {
 
     // A cudarc sub-view starts where it starts.
     let tail = slice.slice(cols..);
-    tbc::with_slice(&tail, |b| -> Result<()> {
+    tbc::lend(&tail, |b| -> Result<()> {
         assert_eq!(
             b.descriptor().data_ptr() as u64,
             dptr(&slice) + (cols * 4) as u64
@@ -317,10 +320,10 @@ fn shaped_views_index_with_their_strides() -> Result<()> {
 
     // Layouts that reach outside the slice are refused before anything is described.
     let too_big = Layout::row_major(&[rows as i64 + 1, cols as i64])?;
-    let refused = tbc::with_slice_shaped(&slice, &too_big, |_| Ok::<_, Error>(()));
+    let refused = tbc::lend_shaped(&slice, &too_big, |_| Ok::<_, Error>(()));
     assert!(matches!(refused, Err(Error::OutsideSlice { len: 24, .. })));
     let no_offset = Layout::new(&[rows as i64, cols as i64], Some(&[-(cols as i64), 1]), 0)?;
-    let refused = tbc::with_slice_shaped(&slice, &no_offset, |_| Ok::<_, Error>(()));
+    let refused = tbc::lend_shaped(&slice, &no_offset, |_| Ok::<_, Error>(()));
     assert!(matches!(refused, Err(Error::OutsideSlice { lo: -72, .. })));
     Ok(())
 }

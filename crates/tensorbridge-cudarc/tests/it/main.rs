@@ -4,5 +4,3 @@
 mod dtypes;
 mod layout;
 mod messages;
-mod no_driver;
-mod pointer;

@@ -122,7 +122,7 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
         // `producer`, a stream of device 0's primary context, outlives every clone (they are
         // dropped, and the device synchronised, before this function returns); 3: not the
         // per-thread stream.
-        unsafe { tensor.with_ready(Ready::Stream(tbc::stream_of(&producer))) }
+        unsafe { tensor.with_ready(Ready::Stream(tensorbridge_cuda::stream_of(&producer))) }
     } else {
         tensor // the control: claims `Ready::Now` although the producer is still running
     };
@@ -137,7 +137,7 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     let gap_ms = p_end.elapsed_ms(&c_start)?;
     drop((torch, tensor));
     tch::Cuda::synchronize(0);
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     Ok(Outcome {
         host,
         producer_running,
@@ -189,7 +189,7 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     let gap_ms = p_end.elapsed_ms(&c_start)?;
     let got = consumer.clone_dtoh(&dst)?;
     drop(shared);
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     Ok(Outcome {
         host,
         producer_running,

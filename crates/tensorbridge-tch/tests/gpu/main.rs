@@ -34,7 +34,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// `libtorch_cuda.so`: BUILD.md gotcha 3).
 fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     ensure!(
-        tensorbridge_cudarc::driver_present(),
+        tensorbridge_cuda::driver_present(),
         "libcuda not found: the gpu-tests feature expects an NVIDIA GPU and driver \
          (LD_LIBRARY_PATH={:?})",
         std::env::var("LD_LIBRARY_PATH").unwrap_or_default()

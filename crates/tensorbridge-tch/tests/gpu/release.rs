@@ -5,7 +5,6 @@
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Tensor};
-use tensorbridge_cudarc as tbc;
 use tensorbridge_tch::to_tch;
 use tensorbridge_testkit::DropCounter;
 
@@ -60,7 +59,7 @@ fn the_owner_outlives_libtorch_work_enqueued_before_the_storage_was_freed() -> R
         0,
         "released while libtorch's stream still used the memory"
     );
-    let pending = tbc::reclaim();
+    let pending = tensorbridge_cuda::reclaim();
     assert!(
         pending >= 1 && counter.drops() == 0,
         "{pending} owner(s) pending"
@@ -68,7 +67,7 @@ fn the_owner_outlives_libtorch_work_enqueued_before_the_storage_was_freed() -> R
     println!("after the storage was freed: {pending} owner(s) kept for pending work");
 
     legacy.synchronize()?;
-    tbc::reclaim();
+    tensorbridge_cuda::reclaim();
     assert_eq!(counter.drops(), 1, "released once the work was done");
     Ok(())
 }

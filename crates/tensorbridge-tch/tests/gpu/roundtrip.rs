@@ -44,7 +44,7 @@ fn cudarc_memory_crosses_into_libtorch_and_back() -> Result<()> {
     let host: Vec<f32> = (0..1024).map(|i| i as f32).collect();
     let slice = stream.clone_htod(&host)?;
     // Ready::Stream(stream): the upload is pending there.
-    let tensor = tbc::into_tensor_shaped(slice, &Layout::row_major(&[32, 32])?)?;
+    let tensor = tbc::import_shaped(slice, &Layout::row_major(&[32, 32])?)?;
     let ptr = tensor.data_ptr();
 
     let mut torch = to_tch(&tensor)?; // libtorch's stream waits for `stream` on the GPU
@@ -57,7 +57,7 @@ fn cudarc_memory_crosses_into_libtorch_and_back() -> Result<()> {
     assert_eq!(torch_values(&torch), doubled);
     drop(torch);
     tch::Cuda::synchronize(0);
-    tbc::reclaim(); // libtorch's clone of the owner, kept until its stream was done
+    tensorbridge_cuda::reclaim(); // libtorch's clone of the owner, kept until its stream was done
     let slice = tbc::try_into_slice::<f32>(tensor)
         .map_err(|t| anyhow::anyhow!("the slice is still shared: {t:?}"))?;
     assert_eq!(stream.clone_dtoh(&slice)?, doubled);
@@ -79,7 +79,7 @@ fn ordinals_cross_both_ways() -> Result<()> {
         assert_eq!(back.device(), TchDevice::Cuda(ordinal as usize));
 
         let slice = ctx.new_stream()?.clone_htod(&[3.0f32; 8])?;
-        let t = tbc::into_tensor(slice)?;
+        let t = tbc::import(slice)?;
         assert_eq!(t.device(), Device::cuda(ordinal as u32));
         let torch = to_tch(&t)?;
         assert_eq!(torch.device(), TchDevice::Cuda(ordinal as usize));

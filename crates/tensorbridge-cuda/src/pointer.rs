@@ -9,7 +9,7 @@ use cudarc::driver::sys;
 use tensorbridge::{Descriptor, Device, DeviceType};
 
 use crate::Error;
-use crate::driver::{bind, device};
+use crate::driver::{bind, current, device, ensure_driver};
 
 /// The kind of memory behind an address, as the driver reports it.
 #[non_exhaustive]
@@ -84,21 +84,28 @@ const ATTRIBUTES: [sys::CUpointer_attribute; 5] = [
 ///
 /// Fails with [`Error::NotAllocation`] for addresses the driver does not know (made-up
 /// numbers, ordinary host memory): it reports those as `CUDA_ERROR_INVALID_VALUE` or as
-/// memory type 0, and both are handled. Binds device 0's primary context when the thread has
-/// no current context (the query needs one; with unified addressing any context answers for
-/// every device).
+/// memory type 0, and both are handled. The query needs a current context; with unified
+/// addressing any context answers for every device, so the caller's is used when it has one,
+/// and device 0's primary context otherwise (bound for the call only: the calling thread's
+/// current context is left as it was).
 pub fn inspect(addr: usize) -> Result<PointerInfo, Error> {
     inspect_on(addr, 0)
 }
 
-/// [`inspect`] with device `ordinal`'s primary context current, or device 0's when the
-/// driver knows no device `ordinal` (then the answer says where the address really is).
+/// [`inspect`] in the calling thread's current context, or, when it has none, with device
+/// `ordinal`'s primary context current for the call (device 0's when the driver knows no
+/// device `ordinal`; the answer then says where the address really is).
 fn inspect_on(addr: usize, ordinal: u32) -> Result<PointerInfo, Error> {
-    let dev = match device(ordinal) {
-        Err(Error::Driver { .. }) if ordinal != 0 => device(0)?,
-        dev => dev?,
+    ensure_driver()?;
+    let _bound = if current()?.is_null() {
+        let dev = match device(ordinal) {
+            Err(Error::Driver { .. }) if ordinal != 0 => device(0)?,
+            dev => dev?,
+        };
+        Some(bind(dev.ctx())?)
+    } else {
+        None
     };
-    bind(dev.ctx())?;
     let mut values = [0u64; ATTRIBUTES.len()];
     let mut slots: [*mut c_void; ATTRIBUTES.len()] =
         std::array::from_fn(|i| (&raw mut values[i]).cast::<c_void>());

@@ -13,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use tensorbridge::{Owner, Stream, StreamHandle};
 
 use crate::Error;
+use crate::capture::{Capture, capture_of, drain_released, keep_with_graph, relaxed};
 
 /// Whether libcuda can be loaded on this machine. Checked once, then cached.
 ///
@@ -79,7 +80,11 @@ pub(crate) fn device(ordinal: u32) -> Result<Arc<DeviceCtx>, Error> {
     if i32::try_from(ordinal).is_err() {
         return Err(tensorbridge::Error::OrdinalTooLarge { ordinal }.into());
     }
-    let ctx = CudaContext::new(index).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+    // cudarc makes the context it retains current: put the caller's back.
+    let ctx = {
+        let _keep = ContextGuard::save()?;
+        CudaContext::new(index).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?
+    };
     let dev = Arc::new(DeviceCtx {
         ctx,
         pool: Mutex::new(Vec::new()),
@@ -98,27 +103,190 @@ pub fn primary_context(ordinal: u32) -> Result<Arc<CudaContext>, Error> {
     Ok(device(ordinal)?.ctx.clone())
 }
 
-/// Makes `ctx` current on this thread (driver calls on the legacy and per-thread default
-/// streams, and event creation, act on the current context).
+/// The device of the calling thread's current context: what the runtime API (and PyTorch,
+/// CuPy, JAX) call "the current device", `None` when no context is current (the runtime then
+/// uses device 0 when it first needs one). Without libcuda, [`Error::NoDriver`].
+pub fn current_device() -> Result<Option<u32>, Error> {
+    ensure_driver()?;
+    if current()?.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(current_context_device()?))
+}
+
+/// `cuCtxGetDevice` of the current context (which must exist).
+fn current_context_device() -> Result<u32, Error> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current (the caller's check); the driver writes one int through a
+    // pointer to a live local.
+    Error::check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    u32::try_from(dev).map_err(|_| Error::Driver {
+        call: "cuCtxGetDevice",
+        result: sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
+    })
+}
+
+/// The device whose primary context a raw stream handle belongs to (`cuStreamGetCtx`);
+/// [`Error::ForeignContext`] for a stream of any other context, whose events this crate does
+/// not pool.
 ///
-/// Unlike [`CudaContext::bind_to_thread`], this does not consume errors that cudarc stored
-/// from its `Drop` impls, so they are not blamed on this crate's calls.
-pub(crate) fn bind(ctx: &CudaContext) -> Result<(), Error> {
-    let want = ctx.cu_ctx();
+/// # Safety
+/// The caller guarantees:
+/// 1. `handle` names a live stream (not a default-stream sentinel) for the duration of the
+///    call.
+pub(crate) unsafe fn device_of_stream(handle: StreamHandle) -> Result<Arc<DeviceCtx>, Error> {
+    ensure_driver()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `handle` is a live stream (obligation 1); the driver writes one handle through
+    // a pointer to a live local.
+    Error::check("cuStreamGetCtx", unsafe {
+        sys::cuStreamGetCtx(raw_stream(Stream::Handle(handle)), &mut ctx)
+    })?;
+    {
+        let devices = DEVICES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, dev)) = devices.iter().find(|(_, d)| d.ctx.cu_ctx() == ctx) {
+            return Ok(dev.clone());
+        }
+    }
+    let ordinal = {
+        // SAFETY: `ctx` is the live stream's context, alive at least as long as the stream
+        // (obligation 1) for this short call.
+        let _bound = unsafe { bind_raw(ctx) }?;
+        current_context_device()?
+    };
+    let dev = device(ordinal)?;
+    if dev.ctx.cu_ctx() == ctx {
+        Ok(dev)
+    } else {
+        Err(Error::ForeignContext {
+            stream: handle.get(),
+            ordinal,
+        })
+    }
+}
+
+/// The context current on the calling thread (null when none is).
+pub(crate) fn current() -> Result<sys::CUcontext, Error> {
     let mut current = MaybeUninit::<sys::CUcontext>::uninit();
-    // SAFETY: libcuda is loaded (a `CudaContext` exists); `cuCtxGetCurrent` writes one handle
-    // through a pointer to a live local and keeps no reference to it.
+    // SAFETY: libcuda is loaded (every caller checked `ensure_driver` or holds a cudarc
+    // object); `cuCtxGetCurrent` writes one handle through a pointer to a live local and keeps
+    // no reference to it.
     Error::check("cuCtxGetCurrent", unsafe {
         sys::cuCtxGetCurrent(current.as_mut_ptr())
     })?;
     // SAFETY: initialised by the successful call just above.
-    let current = unsafe { current.assume_init() };
-    if current != want {
-        // SAFETY: `want` is a live context: `ctx` holds a retain of it (a primary context
-        // retained by cudarc, or a context cudarc owns) for as long as it is borrowed here.
-        Error::check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(want) })?;
+    Ok(unsafe { current.assume_init() })
+}
+
+/// Makes `ctx` current on this thread until the returned guard is dropped, which puts back
+/// the context that was current before (or none). Driver calls on the legacy and per-thread
+/// default streams, and event creation, act on the current context; the guard makes sure no
+/// call of this crate leaves the caller's current context changed (the runtime API, and so
+/// PyTorch, CuPy and JAX, read their "current device" from it).
+///
+/// Unlike [`CudaContext::bind_to_thread`], this does not consume errors that cudarc stored
+/// from its `Drop` impls, so they are not blamed on this crate's calls.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<Rebound, Error> {
+    // SAFETY: `ctx` holds a retain of its context (a primary context retained by cudarc, or
+    // a context cudarc owns) for as long as it is borrowed here.
+    unsafe { bind_raw(ctx.cu_ctx()) }
+}
+
+/// [`bind`] for a raw context handle.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `want` is a live context for the duration of the guard.
+pub(crate) unsafe fn bind_raw(want: sys::CUcontext) -> Result<Rebound, Error> {
+    let previous = current()?;
+    if previous == want {
+        return Ok(Rebound { previous: None });
     }
-    Ok(())
+    // SAFETY: `want` is a live context (obligation 1).
+    Error::check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(want) })?;
+    Ok(Rebound {
+        previous: Some(previous),
+    })
+}
+
+/// What [`bind`] changed: the context to put back when dropped, `None` when nothing changed.
+/// Not `Send`: it restores the current context of the thread that made it.
+#[must_use = "dropping it at once restores the previous context"]
+pub(crate) struct Rebound {
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for Rebound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            // SAFETY: `previous` was current on this thread when `bind` ran (or null, which
+            // unbinds); this crate destroys no context in between. An error (the caller's
+            // context destroyed meanwhile by code this crate called) leaves ours current,
+            // which is all that is left to do in a `Drop`.
+            let _ = unsafe { sys::cuCtxSetCurrent(previous) };
+        }
+    }
+}
+
+/// Keeps the calling thread's current CUDA context as it is: saves it when made, and puts it
+/// back when dropped if anything changed it meanwhile.
+///
+/// Every public function of this crate leaves the calling thread's current context as it
+/// found it. cudarc does not: its calls make their context current and leave it so. Code that
+/// calls cudarc on behalf of a caller that owns the thread's CUDA state (a PyTorch, CuPy or
+/// JAX user, whose "current device" is the current context) holds one of these across those
+/// calls:
+///
+/// ```no_run
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let _keep = tensorbridge_cuda::ContextGuard::save()?;
+/// let ctx = cudarc::driver::CudaContext::new(1)?; // makes device 1's context current...
+/// let stream = ctx.new_stream()?;
+/// # Ok(()) }
+/// // ...and `_keep` puts back whatever was current before, when it drops.
+/// ```
+///
+/// Not `Send`: it restores the thread it was made on. Without libcuda there is nothing to
+/// save, and the guard does nothing.
+#[must_use = "dropping it at once restores the context at once"]
+pub struct ContextGuard {
+    /// The context current when saved (null for none); `None` without a driver.
+    saved: Option<sys::CUcontext>,
+}
+
+impl ContextGuard {
+    /// Saves the calling thread's current context (none is a valid state, and restored as
+    /// none). Fails only if the driver cannot say which context is current.
+    pub fn save() -> Result<ContextGuard, Error> {
+        if !driver_present() {
+            return Ok(ContextGuard { saved: None });
+        }
+        Ok(ContextGuard {
+            saved: Some(current()?),
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let Some(saved) = self.saved else {
+            return;
+        };
+        if current().is_ok_and(|now| now != saved) {
+            // SAFETY: `saved` was current on this thread when the guard was made (or null,
+            // which unbinds). A caller that destroyed that context meanwhile gets the
+            // driver's error here, which a `Drop` can only ignore.
+            let _ = unsafe { sys::cuCtxSetCurrent(saved) };
+        }
+    }
+}
+
+impl fmt::Debug for ContextGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextGuard")
+            .field("saved", &self.saved)
+            .finish()
+    }
 }
 
 /// A CUDA event created with `CU_EVENT_DISABLE_TIMING` (the cheapest kind), borrowed from a
@@ -195,7 +363,7 @@ impl Event {
     ///    (`0x1`, `0x2`, null), or the handle of a stream that has not been destroyed. (A
     ///    destroyed or made-up handle is undefined behaviour in the driver.)
     pub(crate) unsafe fn record(&self, stream: sys::CUstream) -> Result<(), Error> {
-        bind(self.context())?;
+        let _bound = bind(self.context())?;
         // SAFETY: `self.raw` is a live event of the bound context (created in `create`, not
         // destroyed before `self` drops); `stream` is a live stream (our caller's obligation
         // 1), and one of another context is refused by the driver, not misused.
@@ -205,19 +373,9 @@ impl Event {
     }
 
     /// Makes work enqueued on `stream` after this call wait, on the device, for the work the
-    /// event captured (`cuStreamWaitEvent`). Never blocks the host. Default-stream sentinels
-    /// name the event's context's default streams.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. `stream` is a live stream for the duration of the call (as for [`Event::record`]).
-    pub(crate) unsafe fn make_wait(&self, stream: sys::CUstream) -> Result<(), Error> {
-        // SAFETY: our caller's obligation 1 is `make_wait_in`'s.
-        unsafe { self.make_wait_in(stream, self.context()) }
-    }
-
-    /// [`Event::make_wait`] with `ctx` current, for a `stream` of another context than the
-    /// event's (default-stream sentinels then name `ctx`'s default streams).
+    /// event captured (`cuStreamWaitEvent` with `wait`'s flags). `ctx` is made current for
+    /// the call: `stream`'s context, whose default streams the sentinels then name (it may
+    /// be another context than the event's). Never blocks the host.
     ///
     /// # Safety
     /// The caller guarantees:
@@ -226,13 +384,17 @@ impl Event {
         &self,
         stream: sys::CUstream,
         ctx: &CudaContext,
+        wait: Wait,
     ) -> Result<(), Error> {
-        bind(ctx)?;
+        let _bound = bind(ctx)?;
+        let flags = match wait {
+            Wait::Default => sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+            Wait::External => sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
+        };
         // SAFETY: `self.raw` is a live event (waiting on an event of another context is
-        // allowed); `stream` is a live stream (our caller's obligation 1). Flags 0 is
-        // `CU_EVENT_WAIT_DEFAULT`.
+        // allowed); `stream` is a live stream (our caller's obligation 1).
         Error::check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream, self.raw, 0)
+            sys::cuStreamWaitEvent(stream, self.raw, flags)
         })
     }
 
@@ -249,12 +411,16 @@ impl Event {
         }
     }
 
-    /// Blocks the calling thread until the captured work has finished.
+    /// Blocks the calling thread until the captured work has finished. In the relaxed
+    /// capture mode, so that a capture in global mode on another thread does not forbid it
+    /// (the event itself must not have been recorded in a capture: callers check).
     pub(crate) fn synchronize(&self) -> Result<(), Error> {
-        bind(self.context())?;
-        // SAFETY: `self.raw` is a live event.
-        Error::check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.raw)
+        let _bound = bind(self.context())?;
+        relaxed(|| {
+            // SAFETY: `self.raw` is a live event.
+            Error::check("cuEventSynchronize", unsafe {
+                sys::cuEventSynchronize(self.raw)
+            })
         })
     }
 }
@@ -287,9 +453,19 @@ impl fmt::Debug for Event {
     }
 }
 
+/// How a stream waits on an event (`cuStreamWaitEvent`'s flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// `CU_EVENT_WAIT_DEFAULT`.
+    Default,
+    /// `CU_EVENT_WAIT_EXTERNAL`: inside a capture, an event-wait node that waits, at each
+    /// replay, for the event's latest record (only valid while capturing).
+    External,
+}
+
 /// A new `CU_EVENT_DISABLE_TIMING` event in `ctx`.
 fn create(ctx: &CudaContext) -> Result<sys::CUevent, Error> {
-    bind(ctx)?;
+    let _bound = bind(ctx)?;
     let mut raw = MaybeUninit::<sys::CUevent>::uninit();
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     // SAFETY: the context is current (bound above); `cuEventCreate` writes one handle through
@@ -305,7 +481,7 @@ fn create(ctx: &CudaContext) -> Result<sys::CUevent, Error> {
 /// to undo). Pending work that recorded or waits on the event is unaffected: the driver
 /// releases it once that work completes.
 fn destroy(ctx: &CudaContext, raw: sys::CUevent) {
-    if bind(ctx).is_ok() {
+    if let Ok(_bound) = bind(ctx) {
         // SAFETY: `raw` is a live event of `ctx`, destroyed exactly once (its `Event` or pool
         // entry is gone after this).
         let _ = unsafe { sys::cuEventDestroy_v2(raw) };
@@ -352,13 +528,80 @@ struct Retired {
 /// Owners waiting for consumer work; see [`reclaim`].
 static RETIRED: Mutex<Vec<Retired>> = Mutex::new(Vec::new());
 
-/// Keeps `owner` alive until the work enqueued on `consumer` so far has finished. If the
-/// driver refuses the event, the owner is leaked instead: never freed early.
-pub(crate) fn retire(consumer: &CudaStream, owner: Owner) {
-    let recorded = Event::in_context(consumer.context()).and_then(|done| {
-        // SAFETY: `consumer` is a cudarc stream, borrowed for the call, so live; the event is
-        // in its context.
-        unsafe { done.record(consumer.cu_stream()) }?;
+/// Keeps `owner` alive until the work enqueued on `consumer` so far has finished on the
+/// device; [`reclaim`] releases it then. Never blocks the host. If the driver refuses the
+/// event, the owner is leaked instead: never freed early.
+///
+/// On a stream being captured into a CUDA graph, the work does not run now but at every
+/// replay: the owner is then kept as long as the graph (and every executable graph made from
+/// it) exists, and released by [`reclaim`] after the graph is destroyed.
+///
+/// For memory a kernel on `consumer` may still be using when its last host-side user lets
+/// go (the cudarc adapter's views call it when they drop). Safe: `consumer` is a cudarc
+/// stream, live for the call by construction.
+pub fn retire_on(consumer: &CudaStream, owner: Owner) {
+    // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; its context is
+    // the event's.
+    unsafe { retire_at(consumer.context(), consumer.cu_stream(), owner) }
+}
+
+/// [`retire_on`] for a raw stream: keeps `owner` alive until the work enqueued so far on
+/// `stream`, a stream of device `ordinal`'s primary context, has finished on the device;
+/// [`reclaim`] releases it then.
+/// Never blocks the host.
+///
+/// For owners whose memory another framework may still be using on the GPU when it lets go
+/// of them: the tch adapter calls it from the deleter libtorch runs when a tensor's storage
+/// is freed, with the stream the tensor was handed to. Without libcuda no device work can be
+/// pending, and the owner is dropped at once. If the driver refuses the event, the owner is
+/// leaked instead: never freed early. On a capturing stream, as [`retire_on`].
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `stream` is a live stream for the duration of the call: a default stream (device
+///    `ordinal`'s primary context's; [`Stream::PerThreadDefault`] is the calling thread's),
+///    or the handle of a stream of that context that has not been destroyed.
+pub unsafe fn retire_on_raw(ordinal: u32, stream: Stream, owner: Owner) {
+    if !driver_present() {
+        drop(owner);
+        return;
+    }
+    match device(ordinal) {
+        // SAFETY: `stream` is live for the call (our caller's obligation 1), of the device's
+        // primary context.
+        Ok(dev) => unsafe { retire_at(&dev.ctx, raw_stream(stream), owner) },
+        // Nothing proves the device is done with the memory: keep it forever.
+        Err(_) => std::mem::forget(owner),
+    }
+}
+
+/// The body of [`retire_on`] and [`retire_on_raw`].
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `stream` is a live stream of `ctx` (or one of its default streams) for the call.
+unsafe fn retire_at(ctx: &Arc<CudaContext>, stream: sys::CUstream, owner: Owner) {
+    let Ok(_bound) = bind(ctx) else {
+        std::mem::forget(owner);
+        return;
+    };
+    // SAFETY: `stream` is live (obligation 1) and its context current.
+    match unsafe { capture_of(stream) } {
+        Ok(Capture::Active(active)) => {
+            keep_with_graph(active, Box::new(owner));
+            return;
+        }
+        Ok(Capture::None) => {}
+        // Nothing can be recorded (an invalidated capture, the legacy stream during one) or
+        // known: keep the owner forever rather than free early.
+        _ => {
+            std::mem::forget(owner);
+            return;
+        }
+    }
+    let recorded = Event::in_context(ctx).and_then(|done| {
+        // SAFETY: `stream` is live for the call (obligation 1); the event is in its context.
+        unsafe { done.record(stream) }?;
         Ok(done)
     });
     match recorded {
@@ -374,65 +617,31 @@ pub(crate) fn retire(consumer: &CudaStream, owner: Owner) {
     }
 }
 
-/// Keeps `owner` alive until the work enqueued so far on `stream`, a stream of device
-/// `ordinal`'s primary context, has finished on the device; [`reclaim`] releases it then.
-/// Never blocks the host.
-///
-/// For owners whose memory another framework may still be using on the GPU when it lets go
-/// of them: the tch adapter calls it from the deleter libtorch runs when a tensor's storage
-/// is freed, with the stream the tensor was handed to. Without libcuda no device work can be
-/// pending, and the owner is dropped at once. If the driver refuses the event, the owner is
-/// leaked instead: never freed early.
-///
-/// # Safety
-/// The caller guarantees:
-/// 1. `stream` is a live stream for the duration of the call: a default stream (device
-///    `ordinal`'s primary context's; [`Stream::PerThreadDefault`] is the calling thread's),
-///    or the handle of a stream of that context that has not been destroyed.
-pub unsafe fn retire_on(ordinal: u32, stream: Stream, owner: Owner) {
-    if !driver_present() {
-        drop(owner);
-        return;
-    }
-    let recorded = device(ordinal).and_then(|dev| {
-        let done = Event::pooled(&dev)?;
-        // SAFETY: `stream` is live for the call (our caller's obligation 1); the event is in
-        // the device's primary context, the stream's.
-        unsafe { done.record(raw_stream(stream)) }?;
-        Ok(done)
-    });
-    match recorded {
-        Ok(done) => RETIRED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Retired {
-                done,
-                _owner: owner,
-            }),
-        // Nothing proves the device is done with the memory: keep it forever.
-        Err(_) => std::mem::forget(owner),
-    }
-}
-
 /// Releases the owners that dropped views kept alive, once the device has finished the
-/// consumer work enqueued before each view was dropped, and returns how many still wait.
+/// consumer work enqueued before each view was dropped (and those kept by CUDA graphs that
+/// have since been destroyed), and returns how many still wait for device work.
 ///
-/// Called by this crate on every [`view`](crate::view) and
-/// [`try_into_slice`](crate::try_into_slice) (and by the tch adapter when it hands memory to
-/// libtorch); call it yourself to release memory sooner
-/// when no more views are coming. Never blocks on the device.
+/// The cudarc adapter calls it on every view and `try_into_slice`, the tch adapter when it
+/// hands memory to libtorch; call it yourself to release memory sooner when no more views
+/// are coming. Never blocks on the device. Its event queries use the relaxed capture mode,
+/// so a CUDA graph being captured on any thread is not disturbed.
 pub fn reclaim() -> usize {
+    drain_released();
     let mut done = Vec::new();
     let pending = {
         let mut retired = RETIRED.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut i = 0;
-        while i < retired.len() {
-            // An error (a broken context) proves nothing finished: keep the owner.
-            if matches!(retired[i].done.is_complete(), Ok(true)) {
-                done.push(retired.swap_remove(i));
-            } else {
-                i += 1;
-            }
+        if !retired.is_empty() {
+            relaxed(|| {
+                let mut i = 0;
+                while i < retired.len() {
+                    // An error (a broken context) proves nothing finished: keep the owner.
+                    if matches!(retired[i].done.is_complete(), Ok(true)) {
+                        done.push(retired.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+            });
         }
         retired.len()
     };
@@ -444,6 +653,15 @@ pub fn reclaim() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_of_unused_ordinal_is_not_touched_without_a_driver() {
+        if !driver_present() {
+            assert!(matches!(device(0), Err(Error::NoDriver)));
+            // Nothing to save or restore: the guard is inert.
+            drop(ContextGuard::save().unwrap());
+        }
+    }
 
     #[test]
     fn raw_handles_map_to_core_streams() {

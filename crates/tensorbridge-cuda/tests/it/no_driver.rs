@@ -7,7 +7,7 @@ use tensorbridge::{
     Access, DType, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream, StreamHandle,
     Tensor,
 };
-use tensorbridge_cudarc::{self as tbc, Error};
+use tensorbridge_cuda::Error;
 
 /// A pinned-host tensor over real host memory (so the owner's promise holds: every byte is
 /// readable and writable) with a producer stream, so that hand-off must reach the driver.
@@ -39,12 +39,12 @@ fn host_tensor_with_stream() -> Tensor {
 fn made_up_handles_are_safe_to_make() {
     // A handle is only a number until something trusts it: making one, and a readiness that
     // names it, needs no `unsafe`. Attaching it (`Tensor::with_ready`) or handing it to the
-    // driver (`tbc::handoff`, `tbc::make_ready_on`...) does.
+    // driver (`tensorbridge_cuda::handoff_raw`, `tensorbridge_cuda::make_ready_on_raw`...) does.
     let made_up = Stream::Handle(StreamHandle::new(0x7f00_dead_b000).unwrap());
     let ready = Ready::Stream(made_up);
     assert_eq!(ready.producer_stream(), Some(made_up));
     assert_eq!(
-        tbc::stream_from_raw(tbc::raw_stream(made_up)),
+        tensorbridge_cuda::stream_from_raw(tensorbridge_cuda::raw_stream(made_up)),
         made_up,
         "converting is not trusting"
     );
@@ -52,33 +52,42 @@ fn made_up_handles_are_safe_to_make() {
 
 #[test]
 fn driver_calls_report_no_driver() {
-    if tbc::driver_present() {
+    if tensorbridge_cuda::driver_present() {
         println!("libcuda is present here: the no-driver path is covered on machines without it");
         return;
     }
     let t = host_tensor_with_stream();
     let consumer = Stream::PerThreadDefault;
     // SAFETY: the calling thread's per-thread default stream is always a live stream.
-    let ordered = unsafe { tbc::make_ready_on(&t, consumer) };
+    let ordered = unsafe { tensorbridge_cuda::make_ready_on_raw(&t, consumer) };
     assert!(matches!(ordered, Err(Error::NoDriver)));
     // SAFETY: as above; the result (an error here) never leaves this thread.
-    let handed = unsafe { tbc::handoff(&t, consumer) };
+    let handed = unsafe { tensorbridge_cuda::handoff_raw(&t, consumer) };
     assert!(matches!(handed, Err(Error::NoDriver)));
-    assert!(matches!(tbc::record_ready(&t), Err(Error::NoDriver)));
-    assert!(matches!(tbc::synchronize(&t), Err(Error::NoDriver)));
+    assert!(matches!(
+        tensorbridge_cuda::record_ready(&t),
+        Err(Error::NoDriver)
+    ));
+    assert!(matches!(
+        tensorbridge_cuda::synchronize(&t),
+        Err(Error::NoDriver)
+    ));
     // SAFETY: the legacy default stream is always a live stream.
-    let recorded = unsafe { tbc::CudaSignal::record(0, Stream::LegacyDefault) };
+    let recorded = unsafe { tensorbridge_cuda::CudaSignal::record_raw(0, Stream::LegacyDefault) };
     assert!(matches!(recorded, Err(Error::NoDriver)));
-    assert!(matches!(tbc::primary_context(0), Err(Error::NoDriver)));
     assert!(matches!(
-        tbc::inspect(0x1234_5678_9012_3450),
+        tensorbridge_cuda::primary_context(0),
         Err(Error::NoDriver)
     ));
     assert!(matches!(
-        tbc::check_span(t.descriptor()),
+        tensorbridge_cuda::inspect(0x1234_5678_9012_3450),
         Err(Error::NoDriver)
     ));
-    assert_eq!(tbc::reclaim(), 0);
+    assert!(matches!(
+        tensorbridge_cuda::check_span(t.descriptor()),
+        Err(Error::NoDriver)
+    ));
+    assert_eq!(tensorbridge_cuda::reclaim(), 0);
     assert_eq!(
         Error::NoDriver.to_string(),
         "no CUDA driver: libcuda could not be loaded (expected an NVIDIA driver on this machine)"
@@ -90,14 +99,19 @@ fn ready_tensors_need_no_driver() {
     // SAFETY: 1: nothing is pending on the host data; 2 and 3: `Ready::Now` names no stream.
     let t = unsafe { host_tensor_with_stream().with_ready(Ready::Now) };
     // SAFETY: the legacy default stream is always a live stream.
-    unsafe { tbc::make_ready_on(&t, Stream::LegacyDefault) }.unwrap();
+    unsafe { tensorbridge_cuda::make_ready_on_raw(&t, Stream::LegacyDefault) }.unwrap();
     // SAFETY: this thread's per-thread default stream is live, and the result (ready now,
     // naming no stream) stays on this thread anyway.
-    let handed = unsafe { tbc::handoff(&t, Stream::PerThreadDefault) }.unwrap();
+    let handed = unsafe { tensorbridge_cuda::handoff_raw(&t, Stream::PerThreadDefault) }.unwrap();
     assert!(handed.ready().is_now());
     assert_eq!(handed.data_ptr(), t.data_ptr());
-    assert!(tbc::record_ready(&t).unwrap().ready().is_now());
-    assert!(tbc::synchronize(&t).unwrap().ready().is_now());
+    assert!(
+        tensorbridge_cuda::record_ready(&t)
+            .unwrap()
+            .ready()
+            .is_now()
+    );
+    assert!(tensorbridge_cuda::synchronize(&t).unwrap().ready().is_now());
 }
 
 #[test]
@@ -105,7 +119,7 @@ fn same_stream_handoff_needs_no_driver() {
     let t = host_tensor_with_stream();
     let producer = t.ready().producer_stream().unwrap();
     // SAFETY: the producer is the legacy default stream, always live (and not per-thread).
-    let handed = unsafe { tbc::handoff(&t, producer) }.unwrap();
+    let handed = unsafe { tensorbridge_cuda::handoff_raw(&t, producer) }.unwrap();
     assert_eq!(handed.ready().producer_stream(), Some(producer));
 }
 
@@ -117,7 +131,7 @@ fn host_tensors_have_no_producer_device() {
     let t = unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) };
     // SAFETY: this thread's per-thread default stream is live; the result (an error) stays
     // on this thread.
-    let handed = unsafe { tbc::handoff(&t, Stream::PerThreadDefault) };
+    let handed = unsafe { tensorbridge_cuda::handoff_raw(&t, Stream::PerThreadDefault) };
     assert!(matches!(
         handed,
         Err(Error::NotCudaMemory { device }) if device == Device::CPU
@@ -135,5 +149,5 @@ fn empty_tensors_need_no_inspection() {
         Access::ReadWrite,
     )
     .unwrap();
-    assert_eq!(tbc::check_span(&desc).unwrap(), None);
+    assert_eq!(tensorbridge_cuda::check_span(&desc).unwrap(), None);
 }

@@ -1,0 +1,203 @@
+//! The crate's one error type.
+
+use std::sync::Arc;
+
+use cudarc::driver::{DriverError, sys};
+use tensorbridge::Device;
+
+use crate::{CaptureStatus, MemoryType};
+
+/// Everything this crate refuses. Messages say what was expected and what was found; the
+/// core's refusals (layout, alignment, dtype, read-only...) pass through unchanged as
+/// [`Error::Core`], and every failing driver call becomes [`Error::Driver`] with its name and
+/// `CUresult` (never a panic).
+#[non_exhaustive]
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// A refusal of the core (layout, alignment, dtype mismatch, read-only...).
+    #[error(transparent)]
+    Core(#[from] tensorbridge::Error),
+
+    // ---- the driver ----
+    /// libcuda could not be loaded: a machine without an NVIDIA driver.
+    #[error(
+        "no CUDA driver: libcuda could not be loaded (expected an NVIDIA driver on this machine)"
+    )]
+    NoDriver,
+    /// A driver call returned something other than `CUDA_SUCCESS`.
+    #[error("the CUDA driver call {call} failed with {result:?}")]
+    Driver {
+        /// The driver function (or cudarc call) that failed, e.g. `"cuStreamWaitEvent"`.
+        call: &'static str,
+        /// What it returned.
+        result: sys::CUresult,
+    },
+    /// The ready signal of another adapter failed while this crate waited on it.
+    #[error("the tensor's ready signal failed: {0}")]
+    Signal(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
+
+    // ---- streams ----
+    /// A raw stream handle of a context that is not its device's primary context.
+    #[error(
+        "stream {stream:#x} belongs to a CUDA context that is not cuda:{ordinal}'s primary context (expected a stream of a primary context, as PyTorch, CuPy and JAX use; pass a cudarc stream of that context instead)"
+    )]
+    ForeignContext {
+        /// The stream handle.
+        stream: usize,
+        /// The device of its context.
+        ordinal: u32,
+    },
+    /// A default-stream sentinel for pinned or managed memory, whose DLPack device names no
+    /// GPU, with no CUDA context current on the calling thread to say which device's stream
+    /// it is.
+    #[error(
+        "the {stream} of memory on {device} names no GPU: no CUDA context is current on this thread (expected a stream handle, or the producer's device made current)"
+    )]
+    UnknownStreamDevice {
+        /// The sentinel.
+        stream: tensorbridge::Stream,
+        /// The tensor's device (pinned or managed memory).
+        device: Device,
+    },
+
+    // ---- CUDA graph capture ----
+    /// A hand-off that would use the legacy default stream while a stream it synchronises
+    /// with is being captured into a CUDA graph, which invalidates the capture.
+    #[error(
+        "the legacy default stream cannot be used while a stream it synchronizes with is being captured into a CUDA graph (expected the capturing stream, or a non-blocking stream, as the consumer or producer)"
+    )]
+    LegacyDuringCapture,
+    /// A hand-off across the boundary of a CUDA graph capture in the direction the driver
+    /// forbids: data produced inside a capture, used by a stream outside it (or in another).
+    #[error(
+        "the data is ready on a stream that is {producer} but the consumer stream is {consumer} (expected the consumer in the same capture; outside it, order against the stream the graph is launched on)"
+    )]
+    CaptureMismatch {
+        /// The producer's capture state.
+        producer: CaptureStatus,
+        /// The consumer's.
+        consumer: CaptureStatus,
+    },
+    /// A host wait for work recorded into a CUDA graph capture, which runs at the graph's
+    /// replays, not now.
+    #[error(
+        "cannot wait on the host for work that is {capture} (expected the graph to be launched, and its launch stream waited for)"
+    )]
+    HostWaitInCapture {
+        /// The capture.
+        capture: CaptureStatus,
+    },
+
+    // ---- tensors on CUDA streams ----
+    /// A tensor whose memory CUDA kernels cannot take.
+    #[error("memory on {device} cannot be passed to a CUDA kernel (expected cuda or cuda_managed)")]
+    NotCudaMemory {
+        /// The tensor's device.
+        device: Device,
+    },
+    /// A tensor on another device than the stream it was asked for.
+    #[error(
+        "the tensor is on {tensor} but the stream belongs to cuda:{stream} (expected the same device)"
+    )]
+    DeviceMismatch {
+        /// The tensor's device.
+        tensor: Device,
+        /// The ordinal of the stream's context.
+        stream: usize,
+    },
+
+    // ---- pointer inspection ----
+    /// An address the driver knows nothing about (a made-up number, unregistered host memory).
+    #[error("address {addr:#x} is not a CUDA allocation")]
+    NotAllocation {
+        /// The address asked about.
+        addr: usize,
+    },
+    /// Memory of another kind than the tensor claims.
+    #[error(
+        "address {addr:#x} is {found} memory (expected {expected} memory for a tensor on {device})"
+    )]
+    MemoryTypeMismatch {
+        /// The address asked about.
+        addr: usize,
+        /// What the driver says it is.
+        found: MemoryType,
+        /// What the tensor's device needs.
+        expected: MemoryType,
+        /// The tensor's device.
+        device: Device,
+    },
+    /// Device memory on another device than the tensor claims.
+    #[error("address {addr:#x} is on cuda:{found} (expected {device})")]
+    OrdinalMismatch {
+        /// The address asked about.
+        addr: usize,
+        /// The ordinal the driver reports.
+        found: u32,
+        /// The tensor's device.
+        device: Device,
+    },
+    /// A tensor whose bytes start before the allocation that holds its first element.
+    #[error(
+        "bytes [{lo:#x}, {hi:#x}) start {by} bytes before the allocation [{base:#x}, {end:#x}) on {device}"
+    )]
+    BeforeAllocation {
+        /// The span's first byte.
+        lo: usize,
+        /// One past its last byte.
+        hi: usize,
+        /// How far before the allocation it starts.
+        by: usize,
+        /// The allocation's first byte.
+        base: usize,
+        /// One past the allocation's last byte.
+        end: usize,
+        /// The device the driver places the allocation on.
+        device: Device,
+    },
+    /// A tensor whose bytes run past the end of the allocation that holds its first element.
+    #[error(
+        "bytes [{lo:#x}, {hi:#x}) run {by} bytes past the allocation [{base:#x}, {end:#x}) on {device}"
+    )]
+    PastAllocation {
+        /// The span's first byte.
+        lo: usize,
+        /// One past its last byte.
+        hi: usize,
+        /// How far past the allocation it runs.
+        by: usize,
+        /// The allocation's first byte.
+        base: usize,
+        /// One past the allocation's last byte.
+        end: usize,
+        /// The device the driver places the allocation on.
+        device: Device,
+    },
+}
+
+impl Error {
+    /// A failed driver call, from cudarc's error type.
+    pub fn driver(call: &'static str, err: DriverError) -> Error {
+        Error::Driver {
+            call,
+            result: err.0,
+        }
+    }
+
+    /// `Ok` for `CUDA_SUCCESS`, the typed error otherwise.
+    pub(crate) fn check(call: &'static str, result: sys::CUresult) -> Result<(), Error> {
+        match result {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            result => Err(Error::Driver { call, result }),
+        }
+    }
+
+    /// This crate's error from a [`tensorbridge::SignalError`]: itself when the signal was
+    /// this crate's, wrapped otherwise.
+    pub fn from_signal(err: tensorbridge::SignalError) -> Error {
+        match err.downcast::<Error>() {
+            Ok(own) => *own,
+            Err(other) => Error::Signal(Arc::from(other)),
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! tensorbridge's CUDA driver layer: the one place in the workspace that talks to the CUDA
+//! driver. It orders CUDA streams for tensors of any origin on the GPU (never blocking the
+//! host), keeps memory alive until the device is done with it, and asks the driver what an
+//! address is. The cudarc, tch and Python adapters all use it; it depends only on the core and
+//! on cudarc's driver bindings, whose `CudaContext` and `CudaStream` are the currency of Rust
+//! CUDA code.
+//!
+//! | what | call | host blocked? |
+//! |---|---|---|
+//! | order a stream after a tensor's producer | [`make_ready_on`] (cudarc stream), `unsafe` [`make_ready_on_raw`] (raw handle) | no |
+//! | the same, and a tensor ready on that stream | [`handoff`], `unsafe` [`handoff_raw`] | no |
+//! | order one stream after another's work so far | [`join`], `unsafe` [`join_raw`] | no |
+//! | where data produced on a cudarc stream is ready | [`ready_on`] | no |
+//! | an event as a tensor's readiness | [`CudaSignal::record`], `unsafe` [`CudaSignal::record_raw`], [`record_ready`] | no |
+//! | wait on the host | [`synchronize`], [`CudaSignal::synchronize`] | yes |
+//! | keep an owner until a stream's work is done | [`retire_on`], `unsafe` [`retire_on_raw`], then [`reclaim`] | no |
+//! | raw address -> allocation | [`inspect`], [`check_span`], [`check_span_with`] | no |
+//! | contexts | [`primary_context`], [`current_device`], [`ContextGuard`], [`driver_present`] | no |
+//! | graph capture | [`capture_status`] | no |
+//! | stream names | [`stream_of`], [`stream_from_raw`], [`raw_stream`] | no |
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! # fn demo(tensor: &tensorbridge::Tensor, stream: &Arc<cudarc::driver::CudaStream>)
+//! #     -> Result<(), tensorbridge_cuda::Error> {
+//! // `tensor` came from anywhere (PyTorch, CuPy, a C library), with its producer's readiness.
+//! // Work enqueued on `stream` after this line sees the producer's writes; the host is free.
+//! tensorbridge_cuda::make_ready_on(tensor, stream)?;
+//! // Or: the same tensor, ready on `stream` (a pooled event that keeps `stream` alive).
+//! let on_stream = tensorbridge_cuda::handoff(tensor, stream)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The stream model
+//! A core [`Tensor`] carries a [`Ready`]: `Now` (nothing pending), `Stream(s)` (ready once the
+//! work enqueued on `s` so far has run) or `Signal` (an event, this crate's [`CudaSignal`]).
+//! A consumer that will use the data on stream `c` asks for it there: this crate records a
+//! pooled `CU_EVENT_DISABLE_TIMING` event on the producer and makes `c` wait on it
+//! (`cuStreamWaitEvent`), or does nothing when producer and consumer are one stream. The host
+//! waits only in [`synchronize`] and [`CudaSignal::synchronize`].
+//!
+//! Where a stream is: a raw handle names its own stream, of whichever primary context (the
+//! runtime API's, which PyTorch, CuPy and JAX use) it belongs to (`cuStreamGetCtx`); a handle
+//! of another context is refused ([`Error::ForeignContext`]: use a cudarc stream of that
+//! context). The default streams `0x1` (legacy) and `0x2` (per-thread) are those of the
+//! tensor's device's primary context; pinned and managed memory carry ordinal 0 whatever GPU
+//! works on them, so for them a default stream means the calling thread's current device
+//! ([`current_device`]) and is refused when no context is current
+//! ([`Error::UnknownStreamDevice`]). Cross-device hand-offs (a producer on one GPU, a
+//! consumer stream on another) are events of the producer's device waited on by the
+//! consumer's stream.
+//!
+//! # CUDA graph capture
+//! Every hand-off is legal inside stream capture (`torch.cuda.graph`,
+//! `CudaStream::begin_capture`): it queries no event, never waits on the host, and records
+//! the ordering on the capturing stream.
+//! - Producer and consumer on one stream: nothing is enqueued. Streams of one capture: an
+//!   event and a wait, which the capture turns into graph edges.
+//! - A producer outside the capture (data made before it): the capturing consumer waits with
+//!   `CU_EVENT_WAIT_EXTERNAL` on a dedicated event recorded on the producer now, which the
+//!   graph keeps alive; every replay waits (on the device) for that work, which has finished
+//!   after the first.
+//! - A producer inside a capture and a consumer outside it (or in another capture), a signal
+//!   recorded in a capture waited on elsewhere, the legacy default stream while a stream it
+//!   synchronises with is captured, and host waits for captured work: refused with
+//!   [`Error::CaptureMismatch`], [`Error::LegacyDuringCapture`] or
+//!   [`Error::HostWaitInCapture`], before anything is enqueued, so the capture stays valid.
+//! - [`retire_on`] on a capturing stream keeps the owner as long as the graph (a CUDA user
+//!   object the graph retains), released by [`reclaim`] once the graph and its executable
+//!   instances are destroyed.
+//! - [`reclaim`]'s event queries run in the relaxed capture mode, so a capture in progress on
+//!   any thread is not disturbed.
+//!
+//! Keeping a graph's inputs alive while it may be replayed is the caller's business, as in
+//! PyTorch: a tensor handed to a captured kernel must outlive the graph's replays (views and
+//! retired owners of this crate and the cudarc adapter do keep theirs).
+//!
+//! # Contexts: the caller's state is left alone
+//! The runtime API (and so every Python framework) reads "the current device" from the
+//! calling thread's current driver context. Every public function of this crate leaves that
+//! context exactly as it found it: calls that need a context bind it for their own duration
+//! and put the caller's back (none, if there was none). cudarc does not do this (its calls
+//! make their context current and leave it so); [`ContextGuard`] restores the caller's
+//! context around code that calls cudarc directly.
+//!
+//! # Raw stream handles: the `_raw` suffix
+//! The core's [`Stream`] follows the raw-pointer model: safe to make from any number,
+//! `unsafe` to trust. The driver reports a live handle of another context as
+//! `CUDA_ERROR_INVALID_HANDLE`, but a number that was never a stream, or a destroyed stream,
+//! is undefined behaviour in the driver. So every function that hands a raw stream to the
+//! driver is `unsafe`, named with the suffix `_raw`, and its caller vouches that the stream
+//! is live (for the call, or as long as the result names it). Each has a safe counterpart
+//! with the short name that takes a cudarc stream, live by construction. Functions that use
+//! only a tensor's own readiness ([`record_ready`], [`synchronize`]) are safe: whoever
+//! attached that readiness ([`Tensor::with_ready`], `unsafe`) vouched for its streams.
+//!
+//! ```compile_fail,E0133
+//! # fn demo(tensor: &tensorbridge::Tensor) -> Result<(), tensorbridge_cuda::Error> {
+//! use tensorbridge::{Stream, StreamHandle};
+//! let made_up = Stream::Handle(StreamHandle::new(0xdead).unwrap()); // fine: a number
+//! let handed = tensorbridge_cuda::handoff_raw(tensor, made_up)?; // refused: the driver trusts it
+//! # Ok(()) }
+//! ```
+//!
+//! # No driver
+//! Without libcuda every function that needs the driver returns [`Error::NoDriver`]
+//! ([`driver_present`] is checked first: cudarc panics instead), so CPU-only machines get an
+//! error, never a panic.
+//!
+//! # Limitations
+//! - A [`Ready::Stream`] names a stream of the tensor's device's primary context. Managed and
+//!   pinned tensors carry ordinal 0 by DLPack's convention, so their producer streams are
+//!   taken to be device 0's.
+//! - [`Stream::PerThreadDefault`] names the calling thread's per-thread stream: a tensor
+//!   whose readiness names it must be handed off on the thread that produced it, which
+//!   whoever attached that readiness vouched for ([`Tensor::with_ready`], obligation 3). This
+//!   crate records an event instead whenever it meets one on a cudarc stream, and its signals
+//!   never name it.
+//! - Owners kept for finished device work are released lazily, by the next [`reclaim`]
+//!   (which the adapters call on their hot paths).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod capture;
+mod driver;
+mod error;
+mod handoff;
+mod pointer;
+
+pub use capture::{CaptureStatus, capture_status};
+pub use driver::{
+    ContextGuard, current_device, driver_present, primary_context, raw_stream, reclaim, retire_on,
+    retire_on_raw, stream_from_raw, stream_of,
+};
+pub use error::Error;
+pub use handoff::{
+    CudaSignal, handoff, handoff_raw, join, join_raw, make_ready_on, make_ready_on_raw, ready_on,
+    record_ready, synchronize,
+};
+pub use pointer::{MemoryType, PointerInfo, check_span, check_span_with, inspect};
+
+// Thread safety of the public types, checked at compile time:
+// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `driver.rs` say why events may be
+//   recorded, waited on and destroyed from any thread: the driver API is thread-safe for
+//   them, and the context is made current on the calling thread first), the stream names
+//   (plain values) and the `Arc<CudaStream>` it keeps alive (cudarc's, Send + Sync).
+// - `PointerInfo`, `MemoryType`, `Error`: plain data.
+// - `ContextGuard` is deliberately neither: it restores the thread it was made on.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<CudaSignal>();
+    assert_send_sync::<PointerInfo>();
+    assert_send_sync::<MemoryType>();
+    assert_send_sync::<Error>();
+};
+
+// For the docs' links.
+#[cfg(doc)]
+use tensorbridge::{Ready, Stream, Tensor};
