@@ -103,7 +103,7 @@ def test_misaligned_and_null(alloc):
 @pytest.mark.parametrize("stream", [0, -5])
 def test_bad_producer_stream(alloc, stream):
     with pytest.raises(ValueError):
-        tb.from_ptr(alloc, (4,), "float32", device="cuda:0", stream=stream)
+        tb.from_ptr(alloc, (4,), "float32", device="cuda:0", producer_stream=stream)
 
 
 def test_release_runs_once_for_cuda_memory():
@@ -147,7 +147,7 @@ def test_cuda_array_interface_v3(alloc):
     assert np.dtype(cai["typestr"]) == np.float32
     assert cai["data"] == (alloc, False)
     assert cai["strides"] == (64, 8)
-    assert cai.get("stream") is None  # nothing pending: no from_ptr stream was given
+    assert cai.get("stream") is None  # nothing pending: no from_ptr producer_stream was given
     assert cai.get("mask") is None
     with pytest.raises(AttributeError):
         v.__array_interface__
@@ -157,7 +157,7 @@ def test_cuda_array_interface_v3(alloc):
 def test_cuda_array_interface_carries_producer_stream(alloc):
     cupy = pytest.importorskip("cupy")
     s = cupy.cuda.Stream(non_blocking=True)
-    v = tb.from_ptr(alloc, (4,), "float32", device="cuda:0", stream=s.ptr)
+    v = tb.from_ptr(alloc, (4,), "float32", device="cuda:0", producer_stream=s.ptr)
     st = v.__cuda_array_interface__.get("stream")
     assert st is not None and st != 0, st
 
