@@ -87,6 +87,12 @@ def test_module_names_match(stub):
         n.name for n in stub.body if isinstance(n, ast.ClassDef)
     }
     assert runtime == declared
+    (stub_all,) = [
+        ast.literal_eval(n.value)
+        for n in stub.body
+        if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["__all__"]
+    ]
+    assert stub_all == _native.__all__
     assert set(tensorbridge.__all__) == declared | {"__version__"}
 
 
@@ -129,22 +135,22 @@ def _annotation(fn, param):
 
 def test_dtype_and_device_are_typed(stub):
     fn = _functions(stub.body)["from_ptr"]
-    assert _annotation(fn, "dtype") == "DType"
-    assert _annotation(fn, "device") == "Optional[Device]"
+    assert _annotation(fn, "dtype") == "_DType"
+    assert _annotation(fn, "device") == "Optional[_Device]"
     aliases = {
         t.id: ast.unparse(n.value)
         for n in stub.body
         if isinstance(n, ast.Assign)
         for t in n.targets
     }
-    for alias in ("DType", "Device"):
+    for alias in ("_DType", "_Device"):
         assert "Any]" not in aliases[alias].replace("dtype[Any]", ""), aliases[alias]
         assert aliases[alias] != "Any"
 
 
 def test_every_kind_the_aliases_name_is_accepted():
-    """DType: str, numpy.dtype, NumPy scalar type, torch.dtype, bool/int/float/complex.
-    Device: str, (device_type, device_id), torch.device."""
+    """_DType: str, numpy.dtype, NumPy scalar type, torch.dtype, bool/int/float/complex.
+    _Device: str, (device_type, device_id), torch.device."""
     buf = (ctypes.c_double * 4)()
     addr = ctypes.addressof(buf)
     dtypes = ["float64", np.dtype("float64"), np.float64, float]
@@ -164,3 +170,17 @@ def test_every_kind_the_aliases_name_is_accepted():
         assert v.device == "cpu", dev
     for ty, name in ((bool, "bool"), (int, "int64"), (complex, "complex128")):
         assert tensorbridge.from_ptr(addr, (1,), ty, device="cpu", owner=buf).dtype_name == name
+
+
+def test_mypy_stubtest_finds_nothing(tmp_path):
+    """mypy's own stub checker on the installed module, where mypy is installed (it is not in
+    python/requirements.txt: it analyses NumPy's and torch's stubs too, over a minute cold)."""
+    pytest.importorskip("mypy.stubtest")
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "tensorbridge._native"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
