@@ -378,5 +378,23 @@ impl From<Error> for PyErr {
     }
 }
 
+/// A cudarc import that failed: its error (the refused slice is dropped, which frees it), so
+/// `tensorbridge_cudarc::import(slice)?` works in a function returning this crate's `Result`.
+impl<T> From<tensorbridge_cudarc::ImportError<T>> for Error {
+    fn from(e: tensorbridge_cudarc::ImportError<T>) -> Error {
+        Error::Cudarc(e.into())
+    }
+}
+
+/// A failed cudarc call (`new_stream`, `clone_htod`, ...): a driver error
+/// ([`tensorbridge_cuda::Error::Driver`], `RuntimeError` in Python), so extension functions
+/// that use cudarc directly need no error mapping of their own. cudarc's error does not say
+/// which call failed; the message names cudarc and the `CUresult`.
+impl From<cudarc::driver::DriverError> for Error {
+    fn from(e: cudarc::driver::DriverError) -> Error {
+        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

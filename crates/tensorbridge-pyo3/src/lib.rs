@@ -10,7 +10,7 @@
 //! | [`Tensor`] -> Python | [`into_py`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
-//! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | the producer stream given |
+//! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
 //!
 //! # The import order
 //! [`extract`] tries, in this order:
@@ -38,13 +38,15 @@
 //!
 //! /// Sums a float32 host array from any framework, without copying it.
 //! #[pyfunction]
-//! fn total(x: AnyTensor) -> PyResult<f32> {
-//!     let view = x.0.host_view::<f32>().map_err(tensorbridge_pyo3::Error::from)?;
-//!     Ok(view.iter().sum())
+//! fn total(x: AnyTensor) -> Result<f32, tensorbridge_pyo3::Error> {
+//!     Ok(x.0.host_view::<f32>()?.iter().sum())
 //! }
 //! ```
 //!
 //! # Errors
+//! Extension functions can return `Result<_, tensorbridge_pyo3::Error>`: the core's, the
+//! adapters' and the CUDA layer's errors, a refused cudarc import, a failed cudarc call and a
+//! `PyErr` all convert with `?`, and PyO3 raises what [`Error`] maps to.
 //! [`Error`] is mapped to Python exceptions in one place: `TypeError` for objects of the
 //! wrong kind, `ValueError` for bad values (dtype names, shapes, strides, pointers, streams),
 //! `BufferError` for DLPack protocol problems (used capsules, refused copies, read-only data
@@ -68,7 +70,7 @@
 //!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
-//!   [`extract_on`] or to `from_ptr`, or handed to `__dlpack__` by a consumer, is handed to
+//!   [`extract_on`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a consumer, is handed to
 //!   the driver. A handle must name a live stream of the data's device; one that a tensor's
 //!   readiness names must stay alive as long as the tensor does (the CUDA Array Interface's
 //!   own rule for exported streams).
@@ -94,6 +96,7 @@ mod ffi;
 mod import;
 mod interfaces;
 mod owner;
+mod pydtype;
 mod python;
 mod view;
 

@@ -2,10 +2,13 @@
 
 use pyo3::prelude::*;
 use tensorbridge::{
-    Access, RawTensor, Ready, StreamConvention, StreamRequest, Tensor, stream_from_wire,
+    Access, Descriptor, Device, DeviceType, RawTensor, Ready, StreamConvention, StreamRequest,
+    Tensor, stream_from_wire,
 };
 
-use crate::convert::{device_from_py, dtype_from_py, stream_from_py, type_name};
+use crate::convert::{
+    current_cuda_ordinal, device_from_py, dtype_from_py, stream_from_py, type_name,
+};
 use crate::error::{Error, Result};
 use crate::owner::Release;
 use crate::view::View;
@@ -47,7 +50,7 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
     Ok(View::new(tensor))
 }
 
-/// from_ptr(ptr, shape, dtype, *, strides=None, device="cuda:0", owner=None, release=None, readonly=False, stream=None)
+/// from_ptr(ptr, shape, dtype, *, strides=None, device=None, owner=None, release=None, readonly=False, producer_stream=None)
 /// --
 ///
 /// A view of memory given by its address: a CUDA allocation from any library, or host
@@ -55,8 +58,10 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
 ///
 /// ``shape`` and ``strides`` (in ELEMENTS; ``None`` means C order) describe the layout;
 /// ``dtype`` is a name ("float32", "bfloat16", "f4", ...), a NumPy, ml_dtypes or torch dtype,
-/// or float/int/bool/complex; ``device`` is "cpu", "cuda", "cuda:N", a torch device or a
-/// DLPack ``(device_type, device_id)`` tuple.
+/// or float/int/bool/complex; ``device`` is "cpu", "cuda", "cuda:N", "cuda_host",
+/// "cuda_managed", a torch device or a DLPack ``(device_type, device_id)`` tuple. With
+/// ``device=None`` the CUDA driver says where the pointer lives (host pointers need
+/// ``device="cpu"``).
 ///
 /// On CUDA devices the driver is asked whether the whole byte span lies inside one live
 /// allocation on that device, and ValueError says what is wrong otherwise (an address that
@@ -66,13 +71,17 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
 /// ``owner`` is kept alive as long as the view or anything made from it lives. ``release``,
 /// a callable taking no arguments, is called exactly once when the last user is gone (also
 /// on another thread, or when a DLPack consumer drops its tensor); it is not called if
-/// ``from_ptr`` raises. ``stream`` is the CUDA stream the data becomes ready on (the CUDA
-/// Array Interface's conventions: ``None`` when nothing is pending, ``1`` legacy default,
-/// ``2`` per-thread default, or a handle that stays alive while the view lives).
+/// ``from_ptr`` raises.
+///
+/// ``producer_stream`` is the CUDA stream the PRODUCER is still writing the data on (the
+/// CUDA Array Interface's ``stream`` and conventions: ``None`` when nothing is pending, ``1``
+/// legacy default, ``2`` per-thread default, or a handle that stays alive while the view
+/// lives). Consumers wait for it on the GPU. It is not ``asview``'s ``stream``, which is the
+/// stream the CONSUMER will read on (DLPack's conventions).
 #[pyfunction]
 #[pyo3(signature = (
     ptr, shape, dtype, *, strides=None, device=None, owner=None, release=None,
-    readonly=false, stream=None
+    readonly=false, producer_stream=None
 ))]
 #[allow(clippy::too_many_arguments)] // The Python signature.
 pub(crate) fn from_ptr(
@@ -84,94 +93,135 @@ pub(crate) fn from_ptr(
     owner: Option<Py<PyAny>>,
     release: Option<Py<PyAny>>,
     readonly: bool,
-    stream: Option<&Bound<'_, PyAny>>,
+    producer_stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<View> {
-    Ok(View::new(from_ptr_impl(
-        ptr, &shape, dtype, strides, device, owner, release, readonly, stream,
-    )?))
+    let raw = RawPtr {
+        ptr,
+        shape: &shape,
+        dtype,
+        strides: strides.as_deref(),
+        device,
+        readonly,
+        producer_stream,
+    };
+    Ok(View::new(from_ptr_impl(raw, owner, release)?))
 }
 
-#[allow(clippy::too_many_arguments)] // The Python signature.
+/// `from_ptr`'s arguments that describe the memory, as Python passed them.
+struct RawPtr<'a, 'py> {
+    ptr: &'a Bound<'py, PyAny>,
+    shape: &'a [i64],
+    dtype: &'a Bound<'py, PyAny>,
+    strides: Option<&'a [i64]>,
+    device: Option<&'a Bound<'py, PyAny>>,
+    readonly: bool,
+    producer_stream: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// `from_ptr`: every argument checked (the address, the device, `release`, the producer
+/// stream, the layout, and on CUDA the span, by the driver) before the memory is trusted.
+/// Nothing is called or kept on failure: `release` stays the caller's.
 fn from_ptr_impl(
-    ptr: &Bound<'_, PyAny>,
-    shape: &[i64],
-    dtype: &Bound<'_, PyAny>,
-    strides: Option<Vec<i64>>,
-    device: Option<&Bound<'_, PyAny>>,
+    raw: RawPtr<'_, '_>,
     owner: Option<Py<PyAny>>,
     release: Option<Py<PyAny>>,
-    readonly: bool,
-    stream: Option<&Bound<'_, PyAny>>,
 ) -> Result<Tensor> {
-    let addr = match ptr.extract::<usize>() {
-        Ok(a) => a,
-        Err(_) => match ptr.extract::<i64>() {
-            Ok(negative) => return Err(Error::NegativePointer { value: negative }),
-            Err(_) => {
-                return Err(Error::NotAPointer {
-                    type_name: type_name(ptr),
-                });
-            }
-        },
-    };
-    let (dtype, packing) = dtype_from_py(dtype)?;
-    let device = match device.filter(|d| !d.is_none()) {
-        Some(d) => device_from_py(d)?,
-        // The driver knows where a CUDA pointer is (as CuPy's `UnownedMemory` asks it); a
-        // host pointer must say `device="cpu"`.
-        None if addr != 0 && tensorbridge_cuda::driver_present() => {
-            tensorbridge_cuda::inspect(addr)?.device()
-        }
-        None => tensorbridge::Device::cuda(crate::convert::current_cuda_ordinal()),
-    };
-    if device.kind == tensorbridge::DeviceType::Cpu && device.ordinal != 0 {
-        return Err(Error::HostOrdinal { device });
-    }
+    let py = raw.ptr.py();
+    let addr = address(raw.ptr)?;
+    let (dtype, packing) = dtype_from_py(raw.dtype)?;
+    let device = resolve_device(raw.device, addr)?;
     if let Some(release) = &release
-        && !release.bind(ptr.py()).is_callable()
+        && !release.bind(py).is_callable()
     {
         return Err(Error::NotCallable {
-            type_name: type_name(release.bind(ptr.py())),
+            type_name: type_name(release.bind(py)),
         });
     }
-    let stream = stream_from_py(stream)?;
-    if let Some(value) = stream
-        && !device.kind.is_cuda_accessible()
-    {
-        return Err(Error::StreamOnHost { value, device });
-    }
-    let request = stream_from_wire(StreamConvention::CudaArrayInterface, stream)?;
-    let raw = RawTensor {
-        strides: strides.as_deref(),
-        access: if readonly {
+    let ready = producer_ready(raw.producer_stream, device)?;
+    let desc = RawTensor {
+        strides: raw.strides,
+        access: if raw.readonly {
             Access::ReadOnly
         } else {
             Access::ReadWrite
         },
         packing,
-        ..RawTensor::new(addr, device, dtype, shape)
-    };
-    let desc = raw.validate()?;
-    if device.kind.is_cuda_accessible() {
-        if !tensorbridge_cuda::driver_present() && desc.numel() > 0 {
-            return Err(Error::Unchecked {
-                addr: desc.data_ptr(),
-                device,
-            });
-        }
-        tensorbridge_cuda::check_span(&desc)?;
+        ..RawTensor::new(addr, device, dtype, raw.shape)
     }
-    let ready = match request {
-        StreamRequest::NoSync => Ready::Now,
-        StreamRequest::Stream(s) => Ready::Stream(s),
-    };
+    .validate()?;
+    check_device_span(&desc)?;
     // SAFETY: the Python caller vouches for the memory, as every raw-pointer API does (the
     // docstring says so): valid on `device` until `release` is called / `owner` is dropped,
     // which happens only when the tensor's last clone drops this owner; on CUDA the driver
     // confirmed that the span lies in one live allocation of that device.
     let tensor = unsafe { Tensor::from_descriptor(desc, Release::owner(release, owner)) };
-    // SAFETY: the caller vouches that `stream` is where the data becomes ready and that it
-    // lives as long as the view (documented above); `None` means nothing is pending.
+    // SAFETY: the caller vouches that `producer_stream` is where the data becomes ready and
+    // that it lives as long as the view (documented above); `None` means nothing is pending.
     let tensor = unsafe { tensor.with_ready(ready) };
     crate::import::settle(tensor)
+}
+
+/// The address in `ptr`: a non-negative int.
+fn address(ptr: &Bound<'_, PyAny>) -> Result<usize> {
+    if let Ok(addr) = ptr.extract::<usize>() {
+        return Ok(addr);
+    }
+    match ptr.extract::<i64>() {
+        Ok(value) => Err(Error::NegativePointer { value }),
+        Err(_) => Err(Error::NotAPointer {
+            type_name: type_name(ptr),
+        }),
+    }
+}
+
+/// The device `from_ptr` was given, or, for `device=None`, the one the CUDA driver places
+/// `addr` on (as CuPy's `UnownedMemory` asks it; a host pointer must say `device="cpu"`),
+/// or the current CUDA device when there is nothing to ask (no driver, a null pointer).
+fn resolve_device(device: Option<&Bound<'_, PyAny>>, addr: usize) -> Result<Device> {
+    let device = match device.filter(|d| !d.is_none()) {
+        Some(d) => device_from_py(d)?,
+        None if addr != 0 && tensorbridge_cuda::driver_present() => {
+            tensorbridge_cuda::inspect(addr)?.device()
+        }
+        None => Device::cuda(current_cuda_ordinal()),
+    };
+    if device.kind == DeviceType::Cpu && device.ordinal != 0 {
+        return Err(Error::HostOrdinal { device });
+    }
+    Ok(device)
+}
+
+/// Where the data becomes ready: `producer_stream` read with the CUDA Array Interface's
+/// conventions (`None`: nothing pending); only memory CUDA can reach has streams.
+fn producer_ready(producer_stream: Option<&Bound<'_, PyAny>>, device: Device) -> Result<Ready> {
+    let stream = stream_from_py(producer_stream)?;
+    if let Some(value) = stream
+        && !device.kind.is_cuda_accessible()
+    {
+        return Err(Error::StreamOnHost { value, device });
+    }
+    Ok(
+        match stream_from_wire(StreamConvention::CudaArrayInterface, stream)? {
+            StreamRequest::NoSync => Ready::Now,
+            StreamRequest::Stream(s) => Ready::Stream(s),
+        },
+    )
+}
+
+/// On memory CUDA can reach, asks the driver that the whole span lies in one live allocation
+/// of the descriptor's device; refuses (rather than trusts) a non-empty span when no driver
+/// can be loaded. Host memory cannot be checked.
+fn check_device_span(desc: &Descriptor) -> Result<()> {
+    let device = desc.device();
+    if !device.kind.is_cuda_accessible() {
+        return Ok(());
+    }
+    if !tensorbridge_cuda::driver_present() && desc.numel() > 0 {
+        return Err(Error::Unchecked {
+            addr: desc.data_ptr(),
+            device,
+        });
+    }
+    tensorbridge_cuda::check_span(desc)?;
+    Ok(())
 }

@@ -205,10 +205,27 @@ impl View {
         PyTuple::new(py, bytes)
     }
 
-    /// The element type's core name: `"float32"`, `"bfloat16"`, `"bool"`, `"complex64"`...
+    /// The element type as NumPy and JAX read it (`np.result_type(view)`,
+    /// `jnp.asarray(view)`): a `numpy.dtype` where NumPy, or ml_dtypes for bfloat16 and the
+    /// fp8/fp6/fp4 types, has one and can be imported; the core name (a `str`) otherwise
+    /// (vector types, complex32, packed fp6/fp4). `str(view.dtype) == view.dtype_name`, and
+    /// a `numpy.dtype` compares equal to that name (`view.dtype == "float32"`).
     #[getter]
-    fn dtype(&self) -> String {
+    fn dtype(&self, py: Python<'_>) -> Py<PyAny> {
+        crate::pydtype::dtype_object(py, self.tensor.dtype(), self.tensor.packing())
+    }
+
+    /// The element type's core name, always a `str`: `"float32"`, `"bfloat16"`, `"bool"`,
+    /// `"complex64"`, `"float32x4"`...
+    #[getter]
+    fn dtype_name(&self) -> String {
         self.tensor.dtype().to_string()
+    }
+
+    /// Number of elements (the product of the shape; NumPy's `size`, torch's `numel()`).
+    #[getter]
+    fn size(&self) -> u64 {
+        self.tensor.numel()
     }
 
     /// Where the memory lives: `"cpu"`, `"cuda:0"`, `"cuda_host"`, `"cuda_managed"`...

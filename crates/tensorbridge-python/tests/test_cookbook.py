@@ -80,6 +80,20 @@ def test_example_extension_without_a_gpu_is_a_clean_error():
         ext.ramp(4)
 
 
+def test_example_extension_errors_map_through_the_crate_error():
+    """The compiled recipes return ``Result<_, tensorbridge_pyo3::Error>``: ``?`` on a core
+    error raises the exception and message the crate's one mapping gives, not a hand-made
+    one."""
+    ext = pytest.importorskip("tensorbridge_example")
+    import numpy as np
+
+    assert ext.total(np.arange(6, dtype=np.float32)) == 15.0
+    with pytest.raises(TypeError, match="dtype mismatch: expected float32, found int32"):
+        ext.total(np.arange(6, dtype=np.int32))
+    with pytest.raises(TypeError, match="cannot view an object of type"):
+        ext.total(object())
+
+
 def test_demo_host_table():
     demo = recipe("demo")
     import io

@@ -170,8 +170,18 @@ def test_host_device_spellings(tb, cbuf, device):
 
 
 def test_host_stream_is_refused(tb, cbuf):
-    with pytest.raises(ValueError):
-        tb.from_ptr(ctypes.addressof(cbuf), (12,), "float32", device="cpu", owner=cbuf, stream=1)
+    with pytest.raises(ValueError, match="only CUDA memory has streams"):
+        tb.from_ptr(ctypes.addressof(cbuf), (12,), "float32", device="cpu", owner=cbuf, producer_stream=1)
+
+
+def test_producer_stream_has_its_own_name(tb, cbuf):
+    """``from_ptr``'s stream is the producer's (CUDA Array Interface rules), ``asview``'s the
+    consumer's (DLPack rules): different names, and the old ``stream=`` is no alias."""
+    v = tb.from_ptr(ctypes.addressof(cbuf), (12,), "float32", device="cpu", owner=cbuf, producer_stream=None)
+    assert v.shape == (12,)
+    with pytest.raises(TypeError, match="stream"):
+        tb.from_ptr(ctypes.addressof(cbuf), (12,), "float32", device="cpu", owner=cbuf, stream=None)
+    assert "producer_stream=None" in tb.from_ptr.__text_signature__
 
 
 def test_scalar_and_python_int_pointer(tb):

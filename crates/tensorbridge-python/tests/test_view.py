@@ -32,7 +32,9 @@ def test_attributes(tb, arr):
     assert v.shape == (2, 3) and isinstance(v.shape, tuple)
     assert v.strides == (3, 1) and isinstance(v.strides, tuple)
     assert v.byte_strides == (12, 4)
-    assert v.dtype == "float32" and isinstance(v.dtype, str)
+    assert v.dtype == "float32" and v.dtype == np.float32 and isinstance(v.dtype, np.dtype)
+    assert v.dtype_name == "float32" and isinstance(v.dtype_name, str)
+    assert v.size == 6 and isinstance(v.size, int)
     assert v.device == "cpu"
     assert v.readonly is False
     assert (v.nbytes, v.ndim, v.itemsize) == (24, 2, 4)

@@ -1,6 +1,6 @@
 //! `from_ptr`, `View` and the `AnyTensor` argument type.
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tensorbridge_pyo3::AnyTensor;
 
@@ -70,12 +70,10 @@ fn repr_and_attributes() {
     });
 }
 
+/// The cookbook's recipe: `?` on a core error, no mapping by hand.
 #[pyfunction]
-fn total(x: AnyTensor) -> PyResult<f64> {
-    let view =
-        x.0.host_view::<f64>()
-            .map_err(tensorbridge_pyo3::Error::from)?;
-    Ok(view.iter().sum())
+fn total(x: AnyTensor) -> Result<f64, tensorbridge_pyo3::Error> {
+    Ok(x.0.host_view::<f64>()?.iter().sum())
 }
 
 #[test]
@@ -96,5 +94,67 @@ fn any_tensor_is_a_function_argument() {
             .extract()
             .unwrap();
         assert_eq!(s, 4.0);
+        let err = py
+            .eval(
+                c"m.total(__import__('array').array('f', [1.5, 2.5]))",
+                Some(&globals),
+                None,
+            )
+            .unwrap_err();
+        assert!(err.is_instance_of::<PyTypeError>(py), "{err}");
+        assert!(
+            err.to_string()
+                .contains("dtype mismatch: expected float64, found float32"),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn cudarc_errors_convert_with_question_mark() {
+    // What `stream.clone_htod(..)?` gives in a function returning the crate's `Result`.
+    fn failing() -> Result<(), tensorbridge_pyo3::Error> {
+        Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        ))?
+    }
+    with_py(|py| {
+        let err: PyErr = failing().unwrap_err().into();
+        assert!(err.is_instance_of::<PyRuntimeError>(py), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("(a cudarc call)") && msg.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{msg}"
+        );
+    });
+}
+
+#[test]
+fn size_dtype_name_and_dtype_without_numpy() {
+    with_py(|py| {
+        let v = eval(
+            py,
+            "tb.asview(__import__('array').array('I', [1, 2, 3, 4, 5, 6]))",
+            &[],
+        )
+        .unwrap();
+        let size: u64 = eval(py, "v.size", &[("v", &v)]).unwrap().extract().unwrap();
+        assert_eq!(size, 6);
+        let name: String = eval(py, "v.dtype_name", &[("v", &v)])
+            .unwrap()
+            .extract()
+            .unwrap();
+        assert_eq!(name, "uint32");
+        // With NumPy unimportable (no test here reads a uint32 view's dtype with NumPy
+        // importable, and the cache is per process), `dtype` is the name.
+        let dtype = eval(
+            py,
+            "(lambda s, saved: (s.__setitem__('numpy', None), v.dtype, \
+              s.pop('numpy') if saved is None else s.__setitem__('numpy', saved))[1])\
+             (__import__('sys').modules, __import__('sys').modules.get('numpy'))",
+            &[("v", &v)],
+        )
+        .unwrap();
+        assert_eq!(dtype.extract::<String>().unwrap(), "uint32");
     });
 }

@@ -1,15 +1,38 @@
-"""Type stubs for the extension module ``tensorbridge._native`` (see ``tensorbridge``)."""
+"""Type stubs for the extension module ``tensorbridge._native`` (see ``tensorbridge``).
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Union, final
+``tests/test_stubs.py`` checks these signatures against the compiled module's (and
+``python -m mypy.stubtest tensorbridge._native`` finds nothing to report).
+"""
+
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union, final
+
+# For type checkers only: tensorbridge needs neither at run time (where one is missing, its
+# types read as unknown and the rest of each union still checks).
+import numpy
+import torch
+
+__all__ = ["View", "asview", "from_ptr", "__version__"]
 
 __version__: str
 
-DType = Any
-"""A dtype: a name ("float32", "bfloat16", "f4", ...), a NumPy/ml_dtypes dtype or type,
-a torch dtype, or one of float, int, bool, complex."""
+# Aliases for type checkers (private: the module has no such names at run time).
+_DType = Union[
+    str,
+    numpy.dtype[Any],
+    Type[numpy.generic],
+    torch.dtype,
+    Type[bool],
+    Type[int],
+    Type[float],
+    Type[complex],
+]
+"""A dtype: a name ("float32", "bfloat16", "f4", "<f8", "d", ...), a NumPy dtype or scalar
+type (ml_dtypes' types are NumPy scalar types), a torch dtype, or one of bool, int, float,
+complex (NumPy's meaning: int is int64, float float64, complex complex128)."""
 
-Device = Union[str, Tuple[int, int], Any]
-"""A device: "cpu", "cuda", "cuda:N", a torch device, or a DLPack (device_type, device_id)."""
+_Device = Union[str, Tuple[int, int], torch.device]
+"""A device: "cpu", "cuda", "cuda:N", "cuda_host", "cuda_managed", a torch device, or a DLPack
+(device_type, device_id) tuple."""
 
 @final
 class View:
@@ -27,13 +50,20 @@ class View:
     def byte_strides(self) -> Tuple[int, ...]:
         """Strides in bytes."""
     @property
-    def dtype(self) -> str:
-        """The core dtype name: "float32", "bfloat16", "bool", "complex64", ..."""
+    def dtype(self) -> Union[numpy.dtype[Any], str]:
+        """A numpy.dtype where NumPy (or ml_dtypes) has one, else the core name (str);
+        str(view.dtype) == view.dtype_name either way."""
+    @property
+    def dtype_name(self) -> str:
+        """The core dtype name: "float32", "bfloat16", "bool", "complex64", "float32x4", ..."""
     @property
     def device(self) -> str:
         """"cpu", "cuda:0", "cuda_host", "cuda_managed", ..."""
     @property
     def readonly(self) -> bool: ...
+    @property
+    def size(self) -> int:
+        """Number of elements."""
     @property
     def nbytes(self) -> int: ...
     @property
@@ -51,25 +81,28 @@ class View:
         """A DLPack capsule (versioned when max_version >= (1, 0) is asked for)."""
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         """CUDA Array Interface v3 (CUDA, managed and pinned views; AttributeError otherwise)."""
     @property
-    def __array_interface__(self) -> dict:
+    def __array_interface__(self) -> dict[str, Any]:
         """NumPy array interface v3 (host views; AttributeError otherwise)."""
 
 def asview(obj: Any, *, stream: Optional[int] = None) -> View:
-    """A zero-copy view of any tensor, array, DLPack capsule or buffer."""
+    """A zero-copy view of any tensor, array, DLPack capsule or buffer. ``stream``: the
+    CONSUMER's stream (DLPack's conventions)."""
 
 def from_ptr(
     ptr: int,
     shape: Sequence[int],
-    dtype: DType,
+    dtype: _DType,
     *,
     strides: Optional[Sequence[int]] = None,
-    device: Device = "cuda:0",
+    device: Optional[_Device] = None,
     owner: Any = None,
     release: Optional[Callable[[], Any]] = None,
     readonly: bool = False,
-    stream: Optional[int] = None,
+    producer_stream: Optional[int] = None,
 ) -> View:
-    """A view of memory given by its address (CUDA pointers are checked by the driver)."""
+    """A view of memory given by its address (CUDA pointers are checked by the driver).
+    ``producer_stream``: the stream the PRODUCER is still writing on (CUDA Array Interface
+    conventions)."""

@@ -103,7 +103,7 @@ def test_misaligned_and_null(alloc):
 @pytest.mark.parametrize("stream", [0, -5])
 def test_bad_producer_stream(alloc, stream):
     with pytest.raises(ValueError):
-        tb.from_ptr(alloc, (4,), "float32", device="cuda:0", stream=stream)
+        tb.from_ptr(alloc, (4,), "float32", device="cuda:0", producer_stream=stream)
 
 
 def test_release_runs_once_for_cuda_memory():
@@ -147,17 +147,38 @@ def test_cuda_array_interface_v3(alloc):
     assert np.dtype(cai["typestr"]) == np.float32
     assert cai["data"] == (alloc, False)
     assert cai["strides"] == (64, 8)
-    assert cai.get("stream") is None  # nothing pending: no from_ptr stream was given
+    assert cai.get("stream") is None  # nothing pending: no from_ptr producer_stream was given
     assert cai.get("mask") is None
     with pytest.raises(AttributeError):
         v.__array_interface__
     assert tuple(v.__dlpack_device__()) == (2, 0)
 
 
+def test_cuda_view_dtype_and_size(alloc):
+    """``View.dtype`` is a ``numpy.dtype`` on CUDA views too, equal to the core name (which
+    ``dtype_name`` keeps); ``size`` counts elements; CuPy's array over the view agrees."""
+    v = tb.from_ptr(alloc, (4, 8), "float32", strides=(16, 2), device="cuda:0")
+    assert isinstance(v.dtype, np.dtype) and v.dtype == np.float32 and v.dtype == "float32"
+    assert v.dtype_name == "float32" and v.size == 32
+    assert np.result_type(v) == np.float32  # reads .dtype only: no host access
+    cupy = pytest.importorskip("cupy")
+    c = cupy.asarray(v)
+    assert (c.dtype, c.size, c.data.ptr) == (v.dtype, v.size, alloc)
+
+
+def test_producer_stream_is_from_ptrs_name_for_it(alloc):
+    """``from_ptr`` takes the producer's stream as ``producer_stream=`` (CUDA Array Interface
+    rules); ``stream=`` (``asview``'s consumer stream, DLPack rules) is no alias."""
+    with pytest.raises(TypeError, match="stream"):
+        tb.from_ptr(alloc, (4,), "float32", device="cuda:0", stream=1)
+    v = tb.from_ptr(alloc, (4,), "float32", device="cuda:0", producer_stream=1)
+    assert v.__cuda_array_interface__.get("stream") == 1
+
+
 def test_cuda_array_interface_carries_producer_stream(alloc):
     cupy = pytest.importorskip("cupy")
     s = cupy.cuda.Stream(non_blocking=True)
-    v = tb.from_ptr(alloc, (4,), "float32", device="cuda:0", stream=s.ptr)
+    v = tb.from_ptr(alloc, (4,), "float32", device="cuda:0", producer_stream=s.ptr)
     st = v.__cuda_array_interface__.get("stream")
     assert st is not None and st != 0, st
 

@@ -161,7 +161,7 @@ def _pinned_race(cycles, with_stream):
     with torch.cuda.stream(s):
         torch.cuda._sleep(cycles)
         h.copy_(src, non_blocking=True)
-    kw = {"stream": s.cuda_stream} if with_stream else {}
+    kw = {"producer_stream": s.cuda_stream} if with_stream else {}
     t0 = time.perf_counter()
     v = tb.from_ptr(h.data_ptr(), (N,), "float32", device="cuda_host", owner=h, **kw)
     a = np.from_dlpack(v)
@@ -226,7 +226,7 @@ def test_per_thread_stream_readiness_crosses_threads(cycles):
         def producer():
             with cupy.cuda.Stream.ptds:
                 kernel(((N + 255) // 256,), (256,), (x, np.int64(N), np.int64(cycles * 2), np.float32(7)))
-                kw = {"stream": 2} if with_stream else {}
+                kw = {"producer_stream": 2} if with_stream else {}
                 made["v"] = tb.from_ptr(x.data.ptr, (N,), "float32", device="cuda:0", owner=x, **kw)
 
         a = threading.Thread(target=producer)

@@ -234,7 +234,7 @@ def test_asview_with_the_consumers_stream(cupy_spin, record):
 
 def test_from_ptr_with_producer_stream(cupy_spin, record):
     """Raw memory written by a kernel still running on stream ``ps``: ``from_ptr(...,
-    stream=ps)`` carries that readiness, and a torch consumer on another stream waits for it."""
+    producer_stream=ps)`` carries that readiness, and a torch consumer on another stream waits for it."""
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("torch")
     p = cupy.cuda.runtime.malloc(N * 4)
@@ -248,14 +248,14 @@ def test_from_ptr_with_producer_stream(cupy_spin, record):
         with ps:
             cupy_spin(x)
         t0 = time.perf_counter()
-        v = tb.from_ptr(p, (N,), "float32", device="cuda:0", stream=ps.ptr,
+        v = tb.from_ptr(p, (N,), "float32", device="cuda:0", producer_stream=ps.ptr,
                         release=lambda: freed.append(p))  # fmt: skip
         t_asview = time.perf_counter() - t0
         t_consumer, result = consume_torch(v)
         busy_after = not ps.done
         values = result()
         del v
-        _check(record, "cudaMalloc+spin", "from_ptr stream=", "torch", t_asview, t_consumer,
+        _check(record, "cudaMalloc+spin", "from_ptr producer_stream=", "torch", t_asview, t_consumer,
                busy_after, values, True)  # fmt: skip
     finally:
         cupy.cuda.Device().synchronize()
