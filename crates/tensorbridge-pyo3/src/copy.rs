@@ -360,3 +360,49 @@ pub(crate) fn host_to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
     }
     to_host(py, src)
 }
+
+#[cfg(test)]
+mod tests {
+    use tensorbridge::{DType, RawTensor};
+
+    use super::*;
+
+    /// One float32 broadcast to `shape` (all strides zero).
+    fn broadcast(shape: &[i64]) -> Tensor {
+        let one = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
+        let strides = vec![0; shape.len()];
+        let desc = RawTensor {
+            strides: Some(&strides),
+            ..RawTensor::host(one.data_ptr(), DType::FLOAT32, shape)
+        }
+        .validate()
+        .unwrap();
+        // SAFETY: every element is the one float `one`'s owner keeps alive.
+        unsafe { Tensor::from_descriptor(desc, one.owner().clone()) }
+    }
+
+    #[test]
+    fn copies_far_larger_than_their_span_are_refused() {
+        let huge = broadcast(&[1 << 21, 1 << 21]);
+        assert!(matches!(
+            refuse_blowup(&huge, huge.nbytes()),
+            Err(Error::CopyTooLarge { bytes, span: 4, .. }) if bytes == 1 << 44
+        ));
+        // Under 1 GiB: made, however broadcast.
+        let small = broadcast(&[1 << 10, 1 << 10]);
+        assert!(refuse_blowup(&small, small.nbytes()).is_ok());
+    }
+
+    #[test]
+    fn host_buffers_no_allocator_serves_are_out_of_memory() {
+        for len in [usize::MAX, isize::MAX as usize] {
+            assert!(matches!(
+                host_buffer(len),
+                Err(Error::OutOfMemory { device, .. }) if device == Device::CPU
+            ));
+        }
+        let (owner, addr) = host_buffer(24).unwrap();
+        assert!(addr % 8 == 0);
+        drop(owner);
+    }
+}
