@@ -11,7 +11,8 @@ use tensorbridge::Device;
 /// `From<Error> for PyErr` is the one place that picks the Python exception: `TypeError` for
 /// objects of the wrong kind, `ValueError` for bad values (dtype names, shapes, strides,
 /// pointers, streams), `BufferError` for DLPack protocol problems (used capsules, refused
-/// copies, read-only data to a writer), `RuntimeError` for failing CUDA driver calls.
+/// copies, read-only data to a writer), `MemoryError` for copies that cannot be made,
+/// `RuntimeError` for failing CUDA driver calls.
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
