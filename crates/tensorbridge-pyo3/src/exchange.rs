@@ -328,3 +328,32 @@ impl ExchangeApi {
         Ok(tensorbridge_cuda::stream_from_raw(out.cast()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use pyo3::exceptions::{PyBufferError, PyRuntimeError};
+
+    use super::*;
+
+    #[test]
+    fn cpp_frames_are_cut_and_the_type_kept() {
+        Python::initialize();
+        Python::attach(|py| {
+            // PyTorch 2.11's message through the exchange table, as measured (shortened).
+            let err = PyRuntimeError::new_err(
+                "Bit types are not supported by dlpack\nException raised from getDLDataType at \
+                 /pytorch/aten/src/ATen/DLConvertor.cpp:99 (most recent call first):\nframe \
+                 #0: c10::Error::Error(c10::SourceLocation, std::string)\nframe #1: ...",
+            );
+            let cut = without_cpp_frames(py, err);
+            assert!(cut.is_instance_of::<PyRuntimeError>(py));
+            assert_eq!(
+                cut.value(py).to_string(),
+                "Bit types are not supported by dlpack"
+            );
+            let plain = without_cpp_frames(py, PyBufferError::new_err("one line\nand two"));
+            assert!(plain.is_instance_of::<PyBufferError>(py));
+            assert_eq!(plain.value(py).to_string(), "one line\nand two");
+        });
+    }
+}
