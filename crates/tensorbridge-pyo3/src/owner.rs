@@ -125,6 +125,14 @@ impl Release {
 /// GIL the collector holds); a shared link ends the walk, and the cycle is collected by a
 /// later collection, once the other users are gone. Unknown owner types end it too (a
 /// DLPack producer's deleter is opaque). Reads only Rust fields: no interpreter access.
+///
+/// One clone can happen during a collection: through `Py<View>::get()` (a frozen class)
+/// on a thread that does not hold the GIL. That thread's `Py<View>` makes the view
+/// reachable, and a producer the first pass visited but the second no longer does may be
+/// taken for garbage in the collector's first analysis (its weak references cleared, its
+/// finalizer run early). Nothing is cleared on that account: before clearing anything,
+/// CPython (3.9 and later) counts again which of the objects found unreachable are
+/// referenced from outside that set, and the view's reference is.
 pub(crate) fn visit_owner(owner: &Owner, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
     let mut next = Some(owner);
     while let Some(owner) = next.take() {
