@@ -62,11 +62,52 @@ fn describe_span(src: &Tensor, base: usize, device: Device) -> Result<Descriptor
     )?)
 }
 
+/// The most a copy may exceed the bytes its source spans: a copy larger than
+/// [`MAX_BLOWUP`] times the span AND larger than [`BLOWUP_FLOOR`] is refused before anything
+/// is allocated. Only broadcast views (zero strides) copy to more than they span: one
+/// element broadcast to a 16 TiB shape spans 4 bytes, and allocating its copy would take
+/// the machine's memory (or abort the process, which an infallible allocation does).
+const MAX_BLOWUP: u64 = 16;
+/// Copies up to this size are always attempted (1 GiB): small broadcasts copy as asked.
+const BLOWUP_FLOOR: u64 = 1 << 30;
+
+/// Refuses a compact copy of `src` that would be far larger than the memory `src` spans
+/// (see [`MAX_BLOWUP`]).
+fn refuse_blowup(src: &Tensor, bytes: u64) -> Result<()> {
+    let span = src.byte_span().len() as u64;
+    if bytes > BLOWUP_FLOOR && bytes / MAX_BLOWUP > span {
+        return Err(Error::CopyTooLarge {
+            bytes,
+            span,
+            device: src.device(),
+        });
+    }
+    Ok(())
+}
+
 /// A host buffer of `len` bytes, 8-byte aligned (enough for every dtype), as a tensor
-/// owner and its address.
+/// owner and its address. Fallible: an allocation the system refuses is
+/// [`Error::OutOfMemory`], never an abort.
 fn host_buffer(len: usize) -> Result<(tensorbridge::Owner, usize)> {
+    let oom = || Error::OutOfMemory {
+        bytes: len as u64,
+        device: Device::CPU,
+    };
     let words = len.div_ceil(8).max(1);
-    let buffer = Tensor::from_vec(vec![0u64; words], &[words as i64])?;
+    let count = i64::try_from(words).map_err(|_| oom())?;
+    // Above `isize::MAX` bytes there is no layout; otherwise the allocator's answer. Zeroed
+    // by the allocator (`calloc`: fresh pages are not touched twice), as `vec![0; n]` does,
+    // but without its abort on failure.
+    let layout = std::alloc::Layout::array::<u64>(words).map_err(|_| oom())?;
+    // SAFETY: `layout` has a non-zero size (`words >= 1`).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[u64; words]`, so
+    // capacity `words` matches; all `words` elements are initialised (zero is a valid `u64`).
+    let zeros = unsafe { Vec::from_raw_parts(ptr, words, words) };
+    let buffer = Tensor::from_vec(zeros, &[count])?;
     Ok((buffer.owner().clone(), buffer.data_ptr()))
 }
 
@@ -126,8 +167,10 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
             device: src.device(),
         });
     }
-    let len = usize::try_from(src.nbytes()).map_err(|_| tensorbridge::Error::Overflow {
-        what: "number of bytes",
+    refuse_blowup(src, src.nbytes())?;
+    let len = usize::try_from(src.nbytes()).map_err(|_| Error::OutOfMemory {
+        bytes: src.nbytes(),
+        device: Device::CPU,
     })?;
     let (owner, base) = host_buffer(len)?;
     let span = src.byte_span();
@@ -268,7 +311,14 @@ pub(crate) unsafe fn on_device(
     let mut ptr: sys::CUdeviceptr = 0;
     if len > 0 {
         // SAFETY: the context is current; `ptr` is a live local the driver writes.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len) })?;
+        let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, len) };
+        if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(Error::OutOfMemory {
+                bytes: len as u64,
+                device,
+            });
+        }
+        check("cuMemAlloc", result)?;
     }
     let buffer = Arc::new(DeviceBuffer {
         ptr,
@@ -309,4 +359,50 @@ pub(crate) fn host_to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
         });
     }
     to_host(py, src)
+}
+
+#[cfg(test)]
+mod tests {
+    use tensorbridge::{DType, RawTensor};
+
+    use super::*;
+
+    /// One float32 broadcast to `shape` (all strides zero).
+    fn broadcast(shape: &[i64]) -> Tensor {
+        let one = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
+        let strides = vec![0; shape.len()];
+        let desc = RawTensor {
+            strides: Some(&strides),
+            ..RawTensor::host(one.data_ptr(), DType::FLOAT32, shape)
+        }
+        .validate()
+        .unwrap();
+        // SAFETY: every element is the one float `one`'s owner keeps alive.
+        unsafe { Tensor::from_descriptor(desc, one.owner().clone()) }
+    }
+
+    #[test]
+    fn copies_far_larger_than_their_span_are_refused() {
+        let huge = broadcast(&[1 << 21, 1 << 21]);
+        assert!(matches!(
+            refuse_blowup(&huge, huge.nbytes()),
+            Err(Error::CopyTooLarge { bytes, span: 4, .. }) if bytes == 1 << 44
+        ));
+        // Under 1 GiB: made, however broadcast.
+        let small = broadcast(&[1 << 10, 1 << 10]);
+        assert!(refuse_blowup(&small, small.nbytes()).is_ok());
+    }
+
+    #[test]
+    fn host_buffers_no_allocator_serves_are_out_of_memory() {
+        for len in [usize::MAX, isize::MAX as usize] {
+            assert!(matches!(
+                host_buffer(len),
+                Err(Error::OutOfMemory { device, .. }) if device == Device::CPU
+            ));
+        }
+        let (owner, addr) = host_buffer(24).unwrap();
+        assert!(addr % 8 == 0);
+        drop(owner);
+    }
 }

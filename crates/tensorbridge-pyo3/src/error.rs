@@ -1,7 +1,7 @@
 //! The crate's one error type and its one mapping to Python exceptions.
 
 use pyo3::PyErr;
-use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use tensorbridge::Device;
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
@@ -11,7 +11,8 @@ use tensorbridge::Device;
 /// `From<Error> for PyErr` is the one place that picks the Python exception: `TypeError` for
 /// objects of the wrong kind, `ValueError` for bad values (dtype names, shapes, strides,
 /// pointers, streams), `BufferError` for DLPack protocol problems (used capsules, refused
-/// copies, read-only data to a writer), `RuntimeError` for failing CUDA driver calls.
+/// copies, read-only data to a writer), `MemoryError` for copies that cannot be made,
+/// `RuntimeError` for failing CUDA driver calls.
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -276,6 +277,36 @@ pub enum Error {
         /// The view's device.
         device: Device,
     },
+    /// A copy far larger than the memory its source spans (a broadcast view), refused before
+    /// anything is allocated.
+    #[error(
+        "refusing to copy {bytes} bytes on {device}: the view spans only {span} bytes (a broadcast view); a copy over 1 GiB and over 16 times the bytes a view spans is refused (expected copy=None for zero-copy access, or a smaller view)"
+    )]
+    CopyTooLarge {
+        /// Bytes the copy would take.
+        bytes: u64,
+        /// Bytes the view spans.
+        span: u64,
+        /// The view's device.
+        device: Device,
+    },
+    /// An allocation for a copy that the system (or the CUDA driver) refused.
+    #[error("cannot allocate {bytes} bytes on {device} for a copy (out of memory)")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Where (`cpu` for host memory).
+        device: Device,
+    },
+    /// A tensor with a lazy negative bit (PyTorch's `x.conj().imag`): its memory holds the
+    /// negated values, and no protocol can say so.
+    #[error(
+        "cannot view a {type_name} with its negative bit set: its memory holds the negated values and DLPack cannot say so (expected tensor.resolve_neg())"
+    )]
+    NegativeBit {
+        /// The tensor's type.
+        type_name: String,
+    },
     /// A DLPack C exchange API table that could not be used.
     #[error("{type_name}'s DLPack C exchange API is unusable: {problem}")]
     Exchange {
@@ -373,7 +404,9 @@ impl From<Error> for PyErr {
             | Error::CannotCopy { .. }
             | Error::NegativeStrides { .. }
             | Error::ReadOnlyLegacy
+            | Error::NegativeBit { .. }
             | Error::Exchange { .. } => PyBufferError::new_err(msg),
+            Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }
 }

@@ -52,10 +52,39 @@ unsafe fn compatible(api: *mut DLPackExchangeAPI) -> Option<NonNull<DLPackExchan
     None
 }
 
+/// What `type(obj)` publishes.
+#[derive(Clone, Copy)]
+pub(crate) enum Table {
+    /// No table (or none of a major version this crate reads): the importer uses
+    /// `__dlpack__`, which such producers implement too.
+    None,
+    /// A table the importer may use for objects of this type.
+    Usable(ExchangeApi),
+    /// A table inherited by a subclass that overrides the Python protocol the table stands
+    /// for (`__dlpack__`, `__dlpack_device__`, or PyTorch's `__torch_function__`, through
+    /// which `torch.Tensor.__dlpack__` dispatches to subclasses): the table would bypass the
+    /// subclass, so the importer calls its `__dlpack__`.
+    Overridden,
+}
+
+impl Table {
+    /// Whether the type publishes a table at all: its `__dlpack__` is then a complete
+    /// DLPack producer, and a refusal from it is final.
+    pub(crate) fn published(self) -> bool {
+        !matches!(self, Table::None)
+    }
+}
+
+/// The Python protocol methods a subclass may override to change what the producer's
+/// table would export.
+const PROTOCOL: [&str; 3] = ["__dlpack__", "__dlpack_device__", "__torch_function__"];
+
 /// `type(obj)`'s exchange table, if it publishes a usable one.
 ///
 /// A table of a major version this crate does not read is no table: the importer falls back
-/// to `__dlpack__`, which such producers implement too.
+/// to `__dlpack__`, which such producers implement too. A subclass that overrides the
+/// Python protocol ([`PROTOCOL`]) of the class that publishes the table gets
+/// [`Table::Overridden`].
 ///
 /// Remembered per type: the capsule is a type attribute with static,
 /// process-lifetime storage, which consumers may cache per type (PROTOCOLS.md 1.11). Looking
@@ -66,14 +95,15 @@ unsafe fn compatible(api: *mut DLPackExchangeAPI) -> Option<NonNull<DLPackExchan
 /// another type) and at most [`TYPE_CACHE`] types; past that, lookups are not cached. A type
 /// that gains or loses the attribute after its first import keeps its first answer. Errors
 /// are never cached.
-pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
+pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Table> {
     use std::sync::Mutex;
 
     use pyo3::sync::PyOnceLock;
     use pyo3::types::PyType;
 
-    /// (the type, the table's address or 0 for none).
-    type Entry = (Py<PyType>, usize);
+    /// (the type, the table's address or 0 for none, whether the type overrides the
+    /// protocol).
+    type Entry = (Py<PyType>, usize, bool);
     static CACHE: PyOnceLock<Mutex<Vec<Entry>>> = PyOnceLock::new();
     let py = obj.py();
     let cache = CACHE.get_or_init(py, || Mutex::new(Vec::new()));
@@ -83,9 +113,16 @@ pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
         let entries = cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, addr)) = entries.iter().find(|(t, _)| t.as_ptr() == ty.as_ptr()) {
-            return Ok(NonNull::new(std::ptr::with_exposed_provenance_mut(*addr))
-                .map(|api| ExchangeApi { api }));
+        if let Some((_, addr, overridden)) =
+            entries.iter().find(|(t, _, _)| t.as_ptr() == ty.as_ptr())
+        {
+            return Ok(
+                match NonNull::new(std::ptr::with_exposed_provenance_mut(*addr)) {
+                    None => Table::None,
+                    Some(_) if *overridden => Table::Overridden,
+                    Some(api) => Table::Usable(ExchangeApi { api }),
+                },
+            );
         }
     }
     let found = lookup(obj)?;
@@ -93,8 +130,13 @@ pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if entries.len() < TYPE_CACHE {
-        let addr = found.map_or(0, |f| f.api.as_ptr().expose_provenance());
-        entries.push((ty.unbind(), addr));
+        let (addr, overridden) = match found {
+            Table::None => (0, false),
+            Table::Usable(f) => (f.api.as_ptr().expose_provenance(), false),
+            // Any non-zero address: only `overridden` is read for it.
+            Table::Overridden => (1, true),
+        };
+        entries.push((ty.unbind(), addr, overridden));
     }
     Ok(found)
 }
@@ -103,14 +145,15 @@ pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
 const TYPE_CACHE: usize = 64;
 
 /// [`find`] without the cache: the type's attributes, read now.
-fn lookup(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
+fn lookup(obj: &Bound<'_, PyAny>) -> Result<Table> {
     let py = obj.py();
     let ty = obj.get_type();
     let problem = |problem| Error::Exchange {
         type_name: type_name(obj),
         problem,
     };
-    let raw: *mut c_void = match ty.getattr(pyo3::intern!(py, "__dlpack_c_exchange_api__")) {
+    let mut name = pyo3::intern!(py, "__dlpack_c_exchange_api__");
+    let raw: *mut c_void = match ty.getattr(name) {
         Ok(capsule) => {
             let capsule = capsule
                 .cast::<PyCapsule>()
@@ -121,7 +164,8 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
                 .as_ptr()
         }
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => {
-            match ty.getattr(pyo3::intern!(py, "__c_dlpack_exchange_api__")) {
+            name = pyo3::intern!(py, "__c_dlpack_exchange_api__");
+            match ty.getattr(name) {
                 Ok(int) => {
                     let addr: usize = int
                         .cast::<PyInt>()
@@ -130,7 +174,7 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
                         .map_err(|_| problem("__c_dlpack_exchange_api__ is not an address"))?;
                     std::ptr::with_exposed_provenance_mut(addr)
                 }
-                Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(None),
+                Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(Table::None),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -138,14 +182,68 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<Option<ExchangeApi>> {
     };
     // SAFETY: the producer type publishes a static, process-lifetime table (DLPack 1.2/1.3:
     // "must stay alive throughout the lifetime of the process"), or null.
-    let api = unsafe { compatible(raw.cast()) };
-    Ok(api.map(|api| ExchangeApi { api }))
+    let Some(api) = (unsafe { compatible(raw.cast()) }) else {
+        return Ok(Table::None);
+    };
+    if overrides_protocol(&ty, name)? {
+        return Ok(Table::Overridden);
+    }
+    Ok(Table::Usable(ExchangeApi { api }))
+}
+
+/// Whether `ty` overrides a [`PROTOCOL`] method of the class that publishes its table
+/// (attribute `table`): whether a class that defines one comes before the publisher in
+/// `ty`'s method resolution order. `torch.Tensor` defines them all itself; a subclass that
+/// defines none inherits them.
+fn overrides_protocol(
+    ty: &Bound<'_, pyo3::types::PyType>,
+    table: &Bound<'_, pyo3::types::PyString>,
+) -> Result<bool> {
+    let mro = ty.mro();
+    let defines = |class: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>| -> Result<bool> {
+        Ok(class
+            .getattr(pyo3::intern!(ty.py(), "__dict__"))?
+            .contains(name)?)
+    };
+    for class in mro.iter() {
+        if defines(&class, table.as_any())? {
+            // The publisher, reached before any override.
+            return Ok(false);
+        }
+        for name in PROTOCOL {
+            if defines(&class, pyo3::types::PyString::new(ty.py(), name).as_any())? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// A producer's exception with C++ frames cut off: PyTorch's C++ errors carry the
+/// libtorch backtrace in their message (`Exception raised from ... frame #0: ...`). The
+/// exception keeps its type and its first lines; anything else passes unchanged.
+pub(crate) fn without_cpp_frames(py: Python<'_>, err: PyErr) -> PyErr {
+    let Ok(text) = err.value(py).str().map(|s| s.to_string()) else {
+        return err;
+    };
+    let Some(cut) = text.find("\nException raised from ") else {
+        return err;
+    };
+    match err.get_type(py).call1((text[..cut].trim_end(),)) {
+        Ok(value) => PyErr::from_value(value),
+        Err(_) => err,
+    }
 }
 
 /// Whether the exchange API may be used for `obj`: not for tensors the producer's
-/// `__dlpack__` refuses (PyTorch: tensors that require grad, and tensors with a lazy
-/// conjugate or negative bit, whose memory does not hold the values the tensor shows). The
-/// table's functions skip those checks, so such tensors take `__dlpack__`, which raises.
+/// `__dlpack__` refuses before it builds a tensor (PyTorch: tensors that require grad, and
+/// tensors with a lazy conjugate bit, whose memory does not hold the values the tensor
+/// shows). The table's functions skip those checks, so such tensors take `__dlpack__`,
+/// which raises PyTorch's own `BufferError`. The other refusals (layouts, dtypes, devices)
+/// fail inside the table and take `__dlpack__` then (see the importer).
+///
+/// A tensor with a lazy negative bit (`x.conj().imag`) is refused here: its memory holds
+/// the negated values, and PyTorch 2.11's `__dlpack__` exports that memory as it is.
 pub(crate) fn eligible(obj: &Bound<'_, PyAny>) -> Result<bool> {
     let py = obj.py();
     if let Ok(grad) = obj.getattr(pyo3::intern!(py, "requires_grad"))
@@ -153,12 +251,17 @@ pub(crate) fn eligible(obj: &Bound<'_, PyAny>) -> Result<bool> {
     {
         return Ok(false);
     }
-    for bit in [pyo3::intern!(py, "is_conj"), pyo3::intern!(py, "is_neg")] {
-        if let Ok(method) = obj.getattr(bit)
-            && method.call0()?.is_truthy()?
-        {
-            return Ok(false);
-        }
+    if let Ok(method) = obj.getattr(pyo3::intern!(py, "is_conj"))
+        && method.call0()?.is_truthy()?
+    {
+        return Ok(false);
+    }
+    if let Ok(method) = obj.getattr(pyo3::intern!(py, "is_neg"))
+        && method.call0()?.is_truthy()?
+    {
+        return Err(Error::NegativeBit {
+            type_name: type_name(obj),
+        });
     }
     Ok(true)
 }
@@ -223,5 +326,34 @@ impl ExchangeApi {
                 .unwrap_or_else(|| missing("current_work_stream failed without an exception")));
         }
         Ok(tensorbridge_cuda::stream_from_raw(out.cast()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pyo3::exceptions::{PyBufferError, PyRuntimeError};
+
+    use super::*;
+
+    #[test]
+    fn cpp_frames_are_cut_and_the_type_kept() {
+        Python::initialize();
+        Python::attach(|py| {
+            // PyTorch 2.11's message through the exchange table, as measured (shortened).
+            let err = PyRuntimeError::new_err(
+                "Bit types are not supported by dlpack\nException raised from getDLDataType at \
+                 /pytorch/aten/src/ATen/DLConvertor.cpp:99 (most recent call first):\nframe \
+                 #0: c10::Error::Error(c10::SourceLocation, std::string)\nframe #1: ...",
+            );
+            let cut = without_cpp_frames(py, err);
+            assert!(cut.is_instance_of::<PyRuntimeError>(py));
+            assert_eq!(
+                cut.value(py).to_string(),
+                "Bit types are not supported by dlpack"
+            );
+            let plain = without_cpp_frames(py, PyBufferError::new_err("one line\nand two"));
+            assert!(plain.is_instance_of::<PyBufferError>(py));
+            assert_eq!(plain.value(py).to_string(), "one line\nand two");
+        });
     }
 }

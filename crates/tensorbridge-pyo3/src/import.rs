@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString};
 use tensorbridge::{
     Access, DType, Device, DeviceType, Owner, Ready, StreamConvention, StreamRequest, Tensor,
-    stream_from_wire,
+    stream_from_wire, stream_to_wire,
 };
 use tensorbridge_cai::{ArrayData, BufferRegion, ImportOptions, TypeKind, TypeStr};
 use tensorbridge_dlpack::{import_legacy, import_versioned};
@@ -70,13 +70,20 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
     // NumPy's ml_dtypes arrays) may still offer an interface or a buffer: try those, and
     // raise its refusal only if none is left.
     let mut refused = None;
-    if let Some(api) = exchange::find(obj)?
+    let table = exchange::find(obj)?;
+    if let exchange::Table::Usable(api) = table
         && exchange::eligible(obj)?
     {
         // SAFETY: forwarded obligation 1.
         match unsafe { from_exchange(obj, api, stream) } {
-            Err(Error::Python(e)) if e.is_instance_of::<PyBufferError>(obj.py()) => {
-                refused = Some(Error::Python(e));
+            // The table's functions skip the checks of the producer's `__dlpack__` and
+            // report what they cannot export as C++ errors with their backtrace (PyTorch:
+            // sparse, mkldnn, quantized, bit and meta tensors, where `__dlpack__` raises
+            // `BufferError` with a one-line message). Ask `__dlpack__`: it raises the
+            // producer's own exception (or exports what the table could not). Ours, without
+            // the C++ frames, is kept for a producer without `__dlpack__`.
+            Err(Error::Python(e)) => {
+                refused = Some(Error::Python(exchange::without_cpp_frames(obj.py(), e)));
             }
             result => return result,
         }
@@ -84,7 +91,12 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
     if obj.cast::<PyCapsule>().is_err() && obj.hasattr(pyo3::intern!(obj.py(), "__dlpack__"))? {
         // SAFETY: forwarded obligation 1.
         match unsafe { from_dlpack(obj, stream) } {
-            Err(Error::Python(e)) if e.is_instance_of::<PyBufferError>(obj.py()) => {
+            // A producer whose type publishes an exchange table (PyTorch) implements DLPack
+            // completely: its refusal is final (its other interfaces would refuse with
+            // another exception type, or export what DLPack refused).
+            Err(Error::Python(e))
+                if e.is_instance_of::<PyBufferError>(obj.py()) && !table.published() =>
+            {
                 refused = Some(Error::Python(e));
             }
             result => return result,
@@ -234,12 +246,24 @@ fn from_capsule(capsule: &Bound<'_, PyCapsule>) -> Result<Tensor> {
 unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Tensor> {
     let py = obj.py();
     let device: Option<(i32, i32)> = match attribute(obj, pyo3::intern!(py, "__dlpack_device__"))? {
-        Some(f) => Some(f.call0()?.extract()?),
+        Some(f) => match f.call0().and_then(|d| d.extract()) {
+            Ok(d) => Some(d),
+            // A producer may fail to name the device of what it cannot export (PyTorch's
+            // meta tensors raise ValueError, mkldnn ones NotImplementedError); its
+            // `__dlpack__` says why with the refusal it means (`BufferError`). Asked as a
+            // producer that does not say its device.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => None,
+            Err(e) => return Err(e.into()),
+        },
         None => None,
     };
-    // Only device memory with streams takes one (the array API: CPU takes only None).
-    let passed = match device {
-        Some((2 | 10 | 13, _)) => stream,
+    // Only device memory with streams takes one (the array API: CPU takes only None), and
+    // always explicitly: a producer's own default need not be the protocol's `None`
+    // (PyTorch's is -1, no synchronisation), and the readiness below relies on what `None`
+    // means. `Some(None)` passes `stream=None`; `None` passes no `stream` at all.
+    let passed: Option<Option<i64>> = match device {
+        Some((2 | 13, _)) => Some(stream),
+        Some((10, _)) => Some(rocm_stream(stream)?),
         _ => None,
     };
     let method = pyo3::intern!(py, "__dlpack__");
@@ -265,9 +289,12 @@ unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Ten
         found: type_name(&result),
     })?;
     let t = keep_alive(from_capsule(capsule)?, obj);
-    let t = if is_stream_ordered(t.device()) && passed.is_some() == stream.is_some() {
+    let t = if is_stream_ordered(t.device())
+        && let Some(passed) = passed
+    {
         // The producer made the stream we passed (None: the legacy default stream) wait
-        // for its work: the data is ready there.
+        // for its work: the data is ready there. (A CUDA producer got the caller's stream
+        // unchanged.)
         match stream_from_wire(StreamConvention::DlpackCuda, passed)? {
             // SAFETY:
             // - 1: the producer ordered `s` after its work (the protocol's promise);
@@ -292,6 +319,19 @@ unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Ten
         t
     };
     Ok(t)
+}
+
+/// The caller's stream (DLPack's CUDA values, as `asview` and [`crate::extract_on`] take
+/// it) as a ROCm producer's `__dlpack__` reads it: `None` and -1 unchanged, the legacy
+/// default stream (`1`) as ROCm's default stream `0`, handles unchanged. CUDA's per-thread
+/// default stream (`2`) has no ROCm value and is refused: ROCm producers read `1` and `2`
+/// as errors or as handles.
+fn rocm_stream(stream: Option<i64>) -> Result<Option<i64>> {
+    if stream.is_none() {
+        return Ok(None);
+    }
+    let request = stream_from_wire(StreamConvention::DlpackCuda, stream)?;
+    Ok(stream_to_wire(StreamConvention::DlpackRocm, request)?)
 }
 
 /// The DLPack C exchange API: no Python call, no synchronisation by the producer; the

@@ -18,10 +18,16 @@
 //! 2. the DLPack C exchange API of `type(obj)` (`__dlpack_c_exchange_api__`, a DLPack 1.3
 //!    capsule, or `__c_dlpack_exchange_api__`, the 1.2 int), which PyTorch 2.11 publishes:
 //!    no Python call, and the caller's stream is ordered after the producer's current work
-//!    stream here;
+//!    stream here. Not for tensors the producer's `__dlpack__` refuses before exporting
+//!    (PyTorch: requiring grad, conjugate bit), nor for subclasses that override
+//!    `__dlpack__`, `__dlpack_device__` or `__torch_function__` (decided once per type):
+//!    those, and tensors the table fails on, go to step 3, whose refusal is then final;
+//!    a lazily negated PyTorch tensor is refused (`BufferError`);
 //! 3. `obj.__dlpack__(max_version=(1, 3), stream=...)`, retried without `max_version` on
 //!    `TypeError` for producers older than DLPack 1.0; a stream is passed only for device
-//!    memory, after asking `__dlpack_device__`;
+//!    memory, after asking `__dlpack_device__`, and then always (`stream=None` too); ROCm
+//!    producers get ROCm's values (the legacy default stream as `0`; the per-thread default
+//!    stream is refused);
 //! 4. a DLPack capsule itself (`dltensor` or `dltensor_versioned`, renamed `used_*` when
 //!    consumed; a used capsule is refused with `BufferError`);
 //! 5. `__cuda_array_interface__`, versions 0 to 3: the driver names the device and checks the
@@ -50,8 +56,10 @@
 //! [`Error`] is mapped to Python exceptions in one place: `TypeError` for objects of the
 //! wrong kind, `ValueError` for bad values (dtype names, shapes, strides, pointers, streams),
 //! `BufferError` for DLPack protocol problems (used capsules, refused copies, read-only data
-//! to a legacy capsule), `RuntimeError` for failing CUDA driver calls. A producer's own
-//! exception passes through unchanged.
+//! to a legacy capsule), `MemoryError` for copies that cannot be made (refused before
+//! allocating when far larger than the view spans, or refused by the allocator),
+//! `RuntimeError` for failing CUDA driver calls. A producer's own exception passes through
+//! unchanged.
 //!
 //! # Ownership
 //! - **Import**: the tensor's owner holds the producer object (a strong reference) and what
@@ -67,6 +75,13 @@
 //!   as long as the consumer needs it.
 //! - **`from_ptr`**: `owner` is held and `release()` called exactly once, when the last user
 //!   (view, DLPack consumer, clone) is gone.
+//! - **Garbage collection**: a [`View`] shows the collector the Python objects its owner holds
+//!   while it is the owner's only user, so a cycle through them (`self.view =
+//!   from_ptr(..., owner=self)`, `p.v = asview(p)`) is collected, `release()` running once.
+//!   When the collector breaks such a cycle it clears the other objects first: a `release`
+//!   callback must not rely on the attributes of the object that holds the view. Cycles
+//!   through a producer that a DLPack deleter also holds (NumPy's `__dlpack__`, PyTorch
+//!   tensors, whose C++ side then holds them) are not visible and stay uncollected.
 //!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
@@ -77,12 +92,16 @@
 //! - Host memory from Python is shared, not borrowed: host views of an extracted tensor
 //!   assume Python code does not write the memory meanwhile (the same assumption rust-numpy
 //!   makes without its borrow checker). Host pointers given to `from_ptr` cannot be checked.
-//! - Copies (`copy=True`, or the host for a CUDA view) take the span the strides reach
-//!   verbatim; CUDA device memory is copied on the device; pinned and managed memory only to
-//!   the host. A device copy is freed with `cuMemFree`, which waits for work still using it.
+//! - Copies (`copy=True`, or the host for a CUDA view) to the host are compact; CUDA device
+//!   copies take the span the strides reach verbatim, on the device; pinned and managed
+//!   memory copy only to the host. A device copy is freed with `cuMemFree`, which waits for
+//!   work still using it. A host copy over 1 GiB and over 16 times the bytes the view spans
+//!   (a broadcast view) is refused.
 //! - The buffer protocol is declared by this crate for Python 3.9 and 3.10 (pyo3 offers it
 //!   only for the 3.11 limited API); PyPy and GraalPy are not supported.
-//! - ROCm tensors import and export, but without stream ordering (no ROCm driver here).
+//! - ROCm tensors import and export, but without stream ordering (no ROCm driver here): the
+//!   stream values are checked and passed on as the DLPack spec's ROCm rules say (`None`,
+//!   -1, `0` for the default stream, handles; CUDA's `1` and `2` refused on export).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -13,6 +13,7 @@
 use std::ptr::NonNull;
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, gc::PyVisit};
 use tensorbridge::Owner;
 
 use crate::ffi::{Py_buffer, PyBuffer_Release};
@@ -110,6 +111,53 @@ impl Release {
             std::mem::forget(callback);
         }
     }
+}
+
+/// Visits the Python objects that `owner` and the owners it holds keep alive, for
+/// `View.__traverse__`, so that reference cycles through a view's owner (a wrapper that
+/// holds a view of itself: `self.view = from_ptr(..., owner=self)`) are collected.
+///
+/// The garbage collector subtracts one reference for every visit, so an object may be
+/// visited only for a reference that the traversing view owns. Owners are shared (`Arc`):
+/// by clones of the tensor in other views, in DLPack capsules and their consumers, in Rust
+/// code. A link is followed only while this view holds its only strong reference and no
+/// weak one (nobody else can then clone it without going through the view, which needs the
+/// GIL the collector holds); a shared link ends the walk, and the cycle is collected by a
+/// later collection, once the other users are gone. Unknown owner types end it too (a
+/// DLPack producer's deleter is opaque). Reads only Rust fields: no interpreter access.
+///
+/// One clone can happen during a collection: through `Py<View>::get()` (a frozen class)
+/// on a thread that does not hold the GIL. That thread's `Py<View>` makes the view
+/// reachable, and a producer the first pass visited but the second no longer does may be
+/// taken for garbage in the collector's first analysis (its weak references cleared, its
+/// finalizer run early). Nothing is cleared on that account: before clearing anything,
+/// CPython (3.9 and later) counts again which of the objects found unreachable are
+/// referenced from outside that set, and the view's reference is.
+pub(crate) fn visit_owner(owner: &Owner, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+    let mut next = Some(owner);
+    while let Some(owner) = next.take() {
+        if std::sync::Arc::strong_count(owner) != 1 || std::sync::Arc::weak_count(owner) != 0 {
+            break;
+        }
+        let any: &(dyn std::any::Any + Send + Sync) = &**owner;
+        if let Some(keep) = any.downcast_ref::<KeepAlive>() {
+            visit.call(&keep.object)?;
+            next = keep.inner.as_ref();
+        } else if let Some(release) = any.downcast_ref::<Release>() {
+            visit.call(&release.callback)?;
+            visit.call(&release.owner)?;
+        } else if let Some(held) = any.downcast_ref::<HeldBuffer>() {
+            let exporter = &held.view().obj;
+            if !exporter.is_null() {
+                // SAFETY: `Py<PyAny>` is `repr(transparent)` over `NonNull<PyObject>`, which
+                // has the layout of a non-null `*mut PyObject`; `obj` is non-null (checked)
+                // and is the strong reference the held buffer owns until it is released.
+                let exporter = unsafe { &*std::ptr::from_ref(exporter).cast::<Py<PyAny>>() };
+                visit.call(exporter)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A buffer held through the buffer protocol: released (`PyBuffer_Release`) once, when the

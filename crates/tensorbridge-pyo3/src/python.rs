@@ -30,7 +30,8 @@ use crate::view::View;
 /// default) or a ``cudaStream_t`` handle; ``0`` raises ValueError. When the call returns,
 /// work the caller enqueues on that stream sees the producer's data (the producer or
 /// tensorbridge made the stream wait on the GPU; the host never blocks). A handle must stay
-/// alive as long as the view lives. Host data ignores it.
+/// alive as long as the view lives. Host data ignores it. A ROCm producer gets it in ROCm's
+/// values (``1`` becomes ROCm's default stream ``0``; ``2`` raises ValueError).
 ///
 /// With ``stream=None`` (the default) nothing is enqueued: the view remembers where the
 /// producer's data is ready (PyTorch's current stream, through the DLPack C exchange API; the

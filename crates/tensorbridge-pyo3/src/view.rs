@@ -2,7 +2,9 @@
 //! (DLPack with the full array API signature, the CUDA Array Interface on CUDA, NumPy's
 //! array interface on the host).
 
+use pyo3::PyTraverseError;
 use pyo3::exceptions::PyAttributeError;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
@@ -55,7 +57,7 @@ impl View {
         &self,
         py: Python<'py>,
         stream: Option<i64>,
-        versioned: bool,
+        format: CapsuleFormat,
         requested: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> Result<Bound<'py, PyCapsule>> {
@@ -83,7 +85,16 @@ impl View {
             device.kind,
             DeviceType::Cuda | DeviceType::CudaManaged | DeviceType::CudaHost
         );
-        if (to_host || !ordered)
+        // ROCm device memory takes the ROCm values of the protocol (None, -1, 0 for the
+        // default stream, handles; 1 and 2 are CUDA's and refused). There is no ROCm runtime
+        // here to order the consumer's stream with, so the value is checked and nothing is
+        // enqueued: the data is ready where its producer said when it was imported (a
+        // producer asked through `__dlpack__` synchronised on the default stream, which
+        // orders against every blocking stream).
+        let rocm = device.kind == DeviceType::Rocm && !to_host;
+        if rocm {
+            stream_from_wire(StreamConvention::DlpackRocm, stream)?;
+        } else if (to_host || !ordered)
             && let Some(value) = stream.filter(|&v| v != -1)
         {
             return Err(Error::StreamOnHost {
@@ -124,7 +135,7 @@ impl View {
             refuse_negative_strides(t)?;
             (t.clone(), false)
         };
-        if versioned {
+        if format == CapsuleFormat::Versioned {
             let mut managed = export_versioned(&exported)?;
             if copied {
                 // SAFETY: the export describes a copy made for this consumer alone: no other
@@ -140,6 +151,16 @@ impl View {
             Ok(legacy_capsule(py, managed)?)
         }
     }
+}
+
+/// Which DLPack struct a capsule carries: what the consumer's `max_version` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CapsuleFormat {
+    /// `DLManagedTensorVersioned` in a `"dltensor_versioned"` capsule (`max_version >= (1, 0)`).
+    Versioned,
+    /// `DLManagedTensor` in a `"dltensor"` capsule (no `max_version`, or a major of 0): no
+    /// version and no flags, so read-only views are refused.
+    Legacy,
 }
 
 /// Refuses layouts with a negative stride on a dimension that has more than one element:
@@ -258,6 +279,23 @@ impl View {
         self.tensor.dtype().itemsize()
     }
 
+    /// The garbage collector's traversal: the Python objects the view's owner keeps alive
+    /// (see `owner::visit_owner`), so that a cycle through them is collected.
+    ///
+    /// There is deliberately no `__clear__`: clearing a view would drop its owner and free
+    /// (or release through `release()`) memory that the view's pointer, a NumPy array built
+    /// on it, or an exported capsule may still be used through (objects in a cycle can
+    /// still be reached from finalizers and weakref callbacks while the collector breaks
+    /// the cycle). It is not needed either: a view is immutable and refers only to objects
+    /// that existed before it, so every cycle through a view also runs through a mutable
+    /// object (an instance's `__dict__`, a list), whose `tp_clear` breaks it; the view is
+    /// then freed by its reference count, releasing its owner once. The cached interface
+    /// dicts are not visited: they hold only numbers, strings and tuples of them, never a
+    /// path back to the view.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        crate::owner::visit_owner(self.tensor.owner(), &visit)
+    }
+
     /// Exports the view as a DLPack capsule (the array API's `__dlpack__`).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
@@ -269,8 +307,8 @@ impl View {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let stream = stream_from_py(stream.as_ref())?;
-        let versioned = match max_version.filter(|v| !v.is_none()) {
-            None => false,
+        let format = match max_version.filter(|v| !v.is_none()) {
+            None => CapsuleFormat::Legacy,
             Some(v) => {
                 let (major, minor): (i64, i64) = v.extract().map_err(|_| Error::MaxVersion {
                     found: v.repr().map(|r| r.to_string()).unwrap_or_default(),
@@ -281,7 +319,11 @@ impl View {
                     }
                     .into());
                 }
-                major >= 1
+                if major >= 1 {
+                    CapsuleFormat::Versioned
+                } else {
+                    CapsuleFormat::Legacy
+                }
             }
         };
         let requested = match dl_device.filter(|d| !d.is_none()) {
@@ -293,7 +335,7 @@ impl View {
                 ),
             })?),
         };
-        Ok(self.export(py, stream, versioned, requested, copy)?)
+        Ok(self.export(py, stream, format, requested, copy)?)
     }
 
     /// `(device_type, device_id)` in DLPack's numbering (1 = CPU, 2 = CUDA, ...).

@@ -32,6 +32,7 @@ from frameworks import (
     sample,
     writer_for,
 )
+from tbhelpers import describe_exc
 
 FW_IDS = [f.name for f in HOST_FRAMEWORKS]
 
@@ -217,3 +218,84 @@ def test_tensorflow_dlpack_functions(tb):
         assert BY_NAME["tensorflow"].ptr(tf.from_dlpack(v)) == v.ptr
     else:
         assert tf.__version__.startswith("2.21"), "tf.from_dlpack is absent: check the TF pin"
+
+
+# --- tensors torch refuses to export --------------------------------------------------------------
+
+TORCH_REFUSALS = {
+    "sparse_coo": lambda torch: torch.eye(3).to_sparse(),
+    "sparse_csr": lambda torch: torch.eye(3).to_sparse_csr(),
+    "mkldnn": lambda torch: torch.ones(3).to_mkldnn(),
+    "quantized": lambda torch: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+    "bits": lambda torch: torch.zeros(3, dtype=torch.bits8),
+    "meta": lambda torch: torch.empty(3, device="meta"),
+    "requires_grad": lambda torch: torch.ones(3, requires_grad=True),
+    "conj": lambda torch: torch.ones(3, dtype=torch.complex64).conj(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_REFUSALS))
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_torch_refusals_are_torchs_own(tb, case):
+    """Every tensor torch's ``__dlpack__`` refuses is refused with torch's exception type and
+    message, without libtorch's C++ backtrace (before the fix, sparse, mkldnn, quantized, bit
+    and meta tensors reached the DLPack C exchange API and raised RuntimeError with ~15 lines
+    of C++ frames)."""
+    torch = pytest.importorskip("torch")
+    t = TORCH_REFUSALS[case](torch)
+    with pytest.raises(Exception) as theirs:
+        t.__dlpack__(max_version=(1, 3))
+    with pytest.raises(Exception) as ours:
+        tb.asview(t)
+    assert type(ours.value) is type(theirs.value), (describe_exc(ours.value), describe_exc(theirs.value))
+    assert str(ours.value) == str(theirs.value)
+    assert "frame #" not in str(ours.value) and "Exception raised from" not in str(ours.value)
+
+
+def test_torch_negative_bit_is_refused(tb):
+    """A lazily negated tensor (``x.conj().imag``) shows -2 where its memory holds 2; torch
+    2.11's ``__dlpack__`` exports the memory as it is (a consumer sees 2). tensorbridge
+    refuses it, pointing to ``resolve_neg()``, which gives a tensor that views correctly."""
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1 + 2j]).conj().imag
+    assert t.is_neg() and t.tolist() == [-2.0]
+    with pytest.raises(BufferError, match="resolve_neg"):
+        tb.asview(t)
+    r = t.resolve_neg()
+    assert np.asarray(tb.asview(r)).tolist() == [-2.0]
+
+
+def test_torch_subclass_overriding_dlpack_is_asked(tb):
+    """A torch.Tensor subclass that overrides ``__dlpack__`` (or ``__torch_function__``, through
+    which torch's ``__dlpack__`` dispatches) is asked through it, not around it through the
+    C exchange API it inherits; a refusal from it is final."""
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    class Overriding(torch.Tensor):
+        def __dlpack__(self, **kw):
+            calls.append(kw)
+            return super().__dlpack__(**kw)
+
+    class Dispatching(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__dlpack__:
+                calls.append("torch_function")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Refusing(torch.Tensor):
+        def __dlpack__(self, **kw):
+            raise BufferError("this subclass does not export")
+
+    class Plain(torch.Tensor):
+        pass
+
+    base = torch.arange(4, dtype=torch.float32)
+    v = tb.asview(base.as_subclass(Overriding))
+    assert v.ptr == base.data_ptr() and len(calls) == 1 and calls[0]["max_version"] == (1, 3)
+    v = tb.asview(base.as_subclass(Dispatching))
+    assert v.ptr == base.data_ptr() and calls[1:] == ["torch_function"]
+    with pytest.raises(BufferError, match="does not export"):
+        tb.asview(base.as_subclass(Refusing))
+    assert tb.asview(base.as_subclass(Plain)).ptr == base.data_ptr()

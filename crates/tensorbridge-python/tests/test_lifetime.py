@@ -219,3 +219,74 @@ def test_views_alive_at_interpreter_exit():
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "ok"
+
+
+# --- reference cycles through a view's owner ------------------------------------------------------
+
+
+class PtrWrapper:
+    """The common wrapper pattern: an object that owns memory and holds a view of it whose
+    owner is the object itself (a cycle: wrapper -> view -> owner -> wrapper)."""
+
+    def __init__(self, tb, released):
+        self.buf = aligned_numpy((4,), np.float32, fill=np.arange(4))
+        # `release` must not read the wrapper's attributes: when the collector breaks the
+        # cycle, it clears the wrapper's __dict__ first, and the view's release runs then.
+        self.view = tb.from_ptr(self.buf.ctypes.data, (4,), "float32", device="cpu", owner=self,
+                                release=lambda: released.append(1))  # fmt: skip
+
+
+class AIProducer:
+    """A producer that keeps a view of itself: ``p.v = tb.asview(p)``."""
+
+    def __init__(self):
+        self.a = aligned_numpy((4,), np.float32, fill=np.arange(4))
+        self.__array_interface__ = self.a.__array_interface__
+
+
+def test_cycle_through_from_ptr_owner_is_collected(tb):
+    """``self.view = tb.from_ptr(..., owner=self)``: unreachable, the cycle is collected and
+    ``release`` runs exactly once (before the fix: never, the wrapper leaked)."""
+    released = []
+    w = PtrWrapper(tb, released)
+    ref = weakref.ref(w)
+    del w
+    gc.collect()
+    assert ref() is None, "the wrapper and its view leaked"
+    assert released == [1]
+    gc.collect()
+    assert released == [1]
+
+
+def test_cycle_through_producer_is_collected(tb):
+    """``p.v = tb.asview(p)``: the view keeps its producer alive, the producer keeps the view."""
+    p = AIProducer()
+    p.v = tb.asview(p)
+    assert p.v.ptr == p.a.ctypes.data
+    ref = weakref.ref(p)
+    del p
+    gc.collect()
+    assert ref() is None, "the producer and its view leaked"
+
+
+def test_views_in_a_cycle_keep_their_memory_while_reachable(tb):
+    """A view reachable from outside the cycle, or a consumer of it, keeps the whole cycle
+    (and the memory) alive through collections; the cycle goes once the last one is gone."""
+    released = []
+    w = PtrWrapper(tb, released)
+    ref = weakref.ref(w)
+    v = w.view
+    e = np.from_dlpack(w.view)
+    del w
+    for _ in range(3):
+        gc.collect()
+    assert ref() is not None and released == []
+    assert np.asarray(v).tolist() == [0, 1, 2, 3]
+    del v
+    gc.collect()
+    # The consumer still holds the memory: the cycle stays (its owner is shared with it).
+    assert released == []
+    assert e.tolist() == [0, 1, 2, 3]
+    del e
+    gc.collect()
+    assert ref() is None and released == [1]

@@ -545,3 +545,69 @@ def test_cuda_array_interface_host_pointer_is_refused(tb):
 
     with pytest.raises(ValueError):
         tb.asview(FakeCuda())
+
+
+# --- ROCm producers and views (no ROCm runtime here: fakes) ---------------------------------------
+
+KDLROCM = 10
+
+
+class FakeRocm:
+    """A ROCm producer: ``__dlpack_device__`` says (10, 0); ``__dlpack__`` records its keyword
+    arguments, and refuses CUDA's 1 and 2 as the DLPack spec's ROCm rules (and torch on ROCm)
+    do, then hands out a hand-made ROCm capsule over host memory (never dereferenced)."""
+
+    def __init__(self, buf):
+        self.h = HandMadeCapsule(
+            data=buf.ctypes.data, shape=(4,), strides=(1,), device=(KDLROCM, 0), keep=buf
+        )
+        self.calls = []
+
+    def __dlpack__(self, **kw):
+        self.calls.append(kw)
+        if kw.get("stream") in (1, 2):
+            raise AssertionError(f"unsupported stream on ROCm: {kw['stream']}")
+        return self.h.make()
+
+    def __dlpack_device__(self):
+        return (KDLROCM, 0)
+
+
+def test_rocm_producer_gets_rocm_streams(tb, buf):
+    """The caller's stream reaches a ROCm producer in ROCm's values: ``None`` passed
+    explicitly, -1 and handles unchanged, CUDA's legacy default stream (1) as ROCm's default
+    stream 0, and CUDA's per-thread default stream (2), which ROCm has not, refused before
+    the producer is asked."""
+    p = FakeRocm(buf)
+    for given, passed in [(None, None), (-1, -1), (1, 0), (0x7F00_1234, 0x7F00_1234)]:
+        v = tb.asview(p, stream=given)
+        assert v.device == "rocm:0" and v.ptr == buf.ctypes.data
+        assert "stream" in p.calls[-1], p.calls[-1]
+        assert p.calls[-1]["stream"] == passed, (given, p.calls[-1])
+    n = len(p.calls)
+    with pytest.raises(ValueError, match="ROCm"):
+        tb.asview(p, stream=2)
+    assert len(p.calls) == n
+
+
+def test_cpu_producer_gets_no_stream(tb):
+    """Host producers get no ``stream`` at all (the array API: CPU takes only None)."""
+    p = RecordingProducer(aligned_numpy((3,), np.float32, fill=1))
+    tb.asview(p)
+    assert "stream" not in p.calls[-1], p.calls[-1]
+
+
+@pytest.mark.parametrize("stream", [None, -1, 0, 0x7F00_1234])
+def test_rocm_view_takes_rocm_consumer_streams(tb, buf, stream):
+    """A consumer on ROCm passes 0 (its default stream) or a handle (torch on ROCm does)."""
+    v = tb.asview(FakeRocm(buf))
+    cap = v.__dlpack__(stream=stream, max_version=(1, 3))
+    assert capsule_name(cap) == "dltensor_versioned"
+    consume_capsule(cap)
+
+
+@pytest.mark.parametrize("stream", [1, 2])
+def test_rocm_view_refuses_cuda_only_streams(tb, buf, stream):
+    v = tb.asview(FakeRocm(buf))
+    with pytest.raises(ValueError, match="ROCm"):
+        v.__dlpack__(stream=stream, max_version=(1, 3))

@@ -17,6 +17,7 @@ from tbhelpers import (
     aligned_numpy,
     capsule_name,
     read_capsule,
+    run_isolated,
 )
 
 
@@ -253,3 +254,52 @@ def test_dlpack_bad_argument_types(tb, arr):
         v.__dlpack__(max_version="1.0")
     with pytest.raises((TypeError, ValueError)):
         v.__dlpack__(dl_device="cpu")
+
+
+# --- copies that cannot be made -------------------------------------------------------------------
+
+
+def test_impossible_copies_raise_memory_error():
+    """A copy of a broadcast view far larger than the memory it spans (16 TiB from one
+    element; 8 EiB from one uint16, past ``isize::MAX``) and a copy no allocator can serve
+    (128 TiB, the whole user address space, spanned by a host pointer that is never read)
+    raise MemoryError. Before the fix the first and the last aborted the process ("memory
+    allocation failed", SIGABRT) and the second was a PanicException ("capacity
+    overflow"). Run in a fresh interpreter, so an abort fails this test instead of killing
+    pytest."""
+    r = run_isolated(
+        """
+        import numpy as np, tensorbridge as tb
+        views = [
+            tb.asview(np.broadcast_to(np.float32(1), (1 << 21, 1 << 21))),
+            tb.from_ptr(1 << 16, (1 << 60, 4), "uint16", strides=(0, 0), device="cpu"),
+            tb.from_ptr(1 << 16, (1 << 47,), "uint8", device="cpu"),
+        ]
+        for v in views:
+            for kw in ({"max_version": (1, 3), "copy": True}, {"copy": True}):
+                try:
+                    v.__dlpack__(**kw)
+                    print("no error")
+                except BaseException as e:
+                    print(type(e).__name__, str(e).splitlines()[0])
+        """
+    )
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    lines = r.stdout.splitlines()
+    assert len(lines) == 6, lines
+    assert all(line.startswith("MemoryError") for line in lines), lines
+    assert "spans only 4 bytes" in lines[0] and str(1 << 44) in lines[0], lines[0]
+    assert "spans only 2 bytes" in lines[2] and str(1 << 63) in lines[2], lines[2]
+    assert "cannot allocate" in lines[4] and str(1 << 47) in lines[4], lines[4]
+
+
+def test_broadcast_copies_within_the_limit_are_made(tb):
+    """The refusal is for copies far larger than what the view spans AND over 1 GiB: a
+    broadcast row copied to a 4 MiB compact array is made, element by element."""
+    row = np.arange(1024, dtype=np.float32)
+    v = tb.asview(np.broadcast_to(row, (1024, 1024)))
+    info = read_capsule(v.__dlpack__(max_version=(1, 3), copy=True))
+    assert info.flags & FLAG_IS_COPIED
+    y = np.from_dlpack(v, copy=True)
+    assert y.shape == (1024, 1024) and y.strides == (4096, 4)
+    assert (y == row).all()

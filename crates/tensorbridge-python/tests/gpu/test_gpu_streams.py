@@ -332,3 +332,35 @@ def test_dlpack_export_with_consumer_stream_is_fast(torch_cycles):
     print(f"__dlpack__(stream=consumer): {dt * 1e6:.1f} us, producer still busy: {busy}")
     assert bool((z == 7).all())
     assert dt < TB_LIMIT_S and busy
+
+
+def test_torch_subclass_asked_through_dlpack_is_ordered(torch_cycles, record):
+    """A torch.Tensor subclass that overrides ``__dlpack__`` is imported through it (not the
+    C exchange API), with ``stream=None`` passed explicitly: torch then makes its default
+    stream wait for the producer's current stream, where the view says the data is ready.
+    Before the fix no ``stream`` was passed, torch's own default (-1) skipped the
+    synchronisation, and the consumer read zeros (the controls above show the race)."""
+    torch = pytest.importorskip("torch")
+
+    class Overriding(torch.Tensor):
+        def __dlpack__(self, **kw):
+            return super().__dlpack__(**kw)
+
+    take, strict = CONSUMERS["torch"]
+    x = torch.zeros(N, device="cuda")
+    ps = torch.cuda.Stream()
+    for warm in (True, False):
+        x.zero_()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(ps):
+            if not warm:
+                torch.cuda._sleep(torch_cycles)
+            x.fill_(7.0)
+            sub = x.as_subclass(Overriding)
+            t0 = time.perf_counter()
+            v = tb.asview(sub)
+            t_asview = time.perf_counter() - t0
+        t_consumer, result = take(v)
+        busy_after = not ps.query()
+        values = result()
+    _check(record, "torch subclass(_sleep)", "__dlpack__", "torch", t_asview, t_consumer, busy_after, values, strict)

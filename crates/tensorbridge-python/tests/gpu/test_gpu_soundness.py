@@ -1,0 +1,71 @@
+"""Refusals on the GPU: copies that cannot be made raise MemoryError (device memory
+exhausted; a broadcast CUDA view copied to the host, far larger than what it spans), and
+CUDA tensors torch refuses to export are refused with torch's own exception and message
+(not a C++ backtrace, not another interface's error)."""
+
+import gc
+
+import pytest
+
+import tensorbridge as tb
+from gpu_frameworks import cudart
+from tbhelpers import read_capsule
+
+MB2 = 2 << 20
+
+
+def test_device_copy_out_of_memory_is_memory_error():
+    """A device copy (``copy=True``) that ``cuMemAlloc`` cannot serve: MemoryError, and the
+    process goes on (a small copy is made afterwards)."""
+    torch = pytest.importorskip("torch")
+    free, _ = torch.cuda.mem_get_info()
+    n = int(free * 0.6) // MB2 * MB2
+    rt = cudart()
+    p = rt.malloc(n)
+    try:
+        v = tb.from_ptr(p, (n,), "uint8", device="cuda:0")
+        with pytest.raises(MemoryError, match="cannot allocate"):
+            v.__dlpack__(max_version=(1, 3), copy=True, stream=-1)
+        small = tb.from_ptr(p, (1024,), "uint8", device="cuda:0")
+        info = read_capsule(small.__dlpack__(max_version=(1, 3), copy=True, stream=-1))
+        assert info.is_copied and info.ptr != p
+        del v, small
+        gc.collect()
+    finally:
+        rt.free(p)
+
+
+def test_broadcast_cuda_view_to_host_is_refused():
+    """One float32 broadcast to 16 TiB, asked for on the host (``dl_device=(1, 0)``)."""
+    rt = cudart()
+    p = rt.malloc(MB2)
+    try:
+        v = tb.from_ptr(p, (1 << 21, 1 << 21), "float32", strides=(0, 0), device="cuda:0")
+        with pytest.raises(MemoryError, match="spans only 4 bytes"):
+            v.__dlpack__(max_version=(1, 3), dl_device=(1, 0))
+        del v
+        gc.collect()
+    finally:
+        rt.free(p)
+
+
+CUDA_REFUSALS = {
+    "requires_grad": lambda torch: torch.ones(3, device="cuda", requires_grad=True),
+    "sparse_coo": lambda torch: torch.eye(3, device="cuda").to_sparse(),
+    "conj": lambda torch: torch.ones(3, dtype=torch.complex64, device="cuda").conj(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CUDA_REFUSALS))
+def test_torch_cuda_refusals_are_torchs_own(case):
+    """Before the fix: requires_grad went on to ``__cuda_array_interface__`` (RuntimeError),
+    sparse tensors failed in the C exchange API (RuntimeError with C++ frames)."""
+    torch = pytest.importorskip("torch")
+    t = CUDA_REFUSALS[case](torch)
+    with pytest.raises(Exception) as theirs:
+        t.__dlpack__(max_version=(1, 3))
+    with pytest.raises(Exception) as ours:
+        tb.asview(t)
+    assert type(ours.value) is type(theirs.value), (repr(ours.value), repr(theirs.value))
+    assert str(ours.value) == str(theirs.value)
+    assert "frame #" not in str(ours.value)
