@@ -627,6 +627,7 @@ unsafe fn retire_at(ctx: &Arc<CudaContext>, stream: sys::CUstream, owner: Owner)
 /// so a CUDA graph being captured on any thread is not disturbed.
 pub fn reclaim() -> usize {
     drain_released();
+    crate::borrow::sweep_escaped();
     let mut done = Vec::new();
     let pending = {
         let mut retired = RETIRED.lock().unwrap_or_else(PoisonError::into_inner);
