@@ -43,7 +43,14 @@ unsafe impl DeviceRepr for KernelLayout {}
 impl KernelLayout {
     /// The layout of `desc`; [`Error::RankTooLarge`] past [`MAX_KERNEL_RANK`] dimensions.
     pub fn of(desc: &Descriptor) -> Result<KernelLayout, Error> {
-        let rank = desc.ndim();
+        KernelLayout::new(desc.shape(), desc.strides_elems())
+    }
+
+    /// A layout from extents and strides in elements (of equal length, as a validated
+    /// layout has; extra strides are ignored); [`Error::RankTooLarge`] past
+    /// [`MAX_KERNEL_RANK`] dimensions.
+    pub fn new(shape: &[i64], strides: &[i64]) -> Result<KernelLayout, Error> {
+        let rank = shape.len();
         if rank > MAX_KERNEL_RANK {
             return Err(Error::RankTooLarge {
                 rank,
@@ -56,15 +63,17 @@ impl KernelLayout {
             rank: rank as u32,
             _pad: 0,
         };
-        l.shape[..rank].copy_from_slice(desc.shape());
-        l.strides[..rank].copy_from_slice(desc.strides_elems());
+        l.shape[..rank].copy_from_slice(shape);
+        for (d, s) in l.strides[..rank].iter_mut().zip(strides) {
+            *d = *s;
+        }
         Ok(l)
     }
 }
 
 /// The CUDA C declaration of [`KernelLayout`] (`tb_layout`) and `tb_offset(layout, i)`, the
-/// element offset of the `i`-th element in row-major order of the index. Prepend it to a
-/// kernel's source:
+/// element offset of the `i`-th element in row-major order of the index. [`kernel`] prepends
+/// it to every source; prepend it yourself for other compilers:
 ///
 /// ```c
 /// extern "C" __global__ void scale(float a, const float* x, tb_layout lx, long long n) {
@@ -73,6 +82,8 @@ impl KernelLayout {
 /// }
 /// ```
 pub const KERNEL_LAYOUT_CUDA: &str = r#"
+#ifndef TB_LAYOUT_DEFINED
+#define TB_LAYOUT_DEFINED
 struct tb_layout {
     long long shape[8];
     long long strides[8];
@@ -88,6 +99,7 @@ __device__ __forceinline__ long long tb_offset(const tb_layout& l, long long i) 
     }
     return off;
 }
+#endif
 "#;
 
 impl<T> DeviceView<'_, T> {
@@ -101,6 +113,8 @@ impl<T> DeviceView<'_, T> {
 struct Taken {
     desc: Descriptor,
     written: bool,
+    /// What errors call it.
+    position: usize,
 }
 
 /// The arguments of one kernel launch on `stream`, checked as they are made: inputs
@@ -151,59 +165,77 @@ impl<'s> KernelArgs<'s> {
         self.stream
     }
 
-    /// A read-only view of argument `tensor` (the next position), refused if it overlaps an
-    /// output made before it.
+    /// A read-only view of `tensor`, the next argument, refused if it overlaps an output
+    /// ([`tensorbridge::Error::Aliased`]).
     pub fn input<'t, T: CudaElement>(&self, tensor: &'t Tensor) -> Result<DeviceView<'t, T>, Error> {
-        let index = self.check(tensor.descriptor(), false)?;
+        self.input_at(self.taken.borrow().len(), tensor)
+    }
+
+    /// [`input`](KernelArgs::input) for an argument whose position (what errors name) the
+    /// caller numbers itself, as a Python call's arguments.
+    pub fn input_at<'t, T: CudaElement>(
+        &self,
+        position: usize,
+        tensor: &'t Tensor,
+    ) -> Result<DeviceView<'t, T>, Error> {
+        self.check(tensor.descriptor(), false, position)?;
         let view = make_view(tensor, self.stream, Release::Retire)?;
-        self.record(index, tensor.descriptor(), false);
+        self.record(tensor.descriptor(), false, position);
         Ok(view)
     }
 
-    /// A writable view of argument `tensor` (the next position): read-write
+    /// A writable view of `tensor`, the next argument: read-write
     /// ([`tensorbridge::Error::ReadOnly`]), free of self-overlap
-    /// ([`tensorbridge::Error::SelfOverlap`]) and disjoint from every argument made before it
-    /// ([`tensorbridge::Error::Aliased`]; those made after are checked against it).
+    /// ([`tensorbridge::Error::SelfOverlap`]) and disjoint from every other argument
+    /// ([`tensorbridge::Error::Aliased`]; those made before it are checked here, those made
+    /// after it against it).
     ///
     /// Safe where [`view_mut`](crate::view_mut) is not: the aliasing a kernel could see
     /// among its own arguments is refused here, and the tensor's other users are ordered
-    /// against the launch on the GPU through its readiness, as a framework's own in-place
-    /// operation is. Views take only device and managed memory, which no safe host view
-    /// reads, so work a caller leaves unordered can give wrong values on the device, never
-    /// a data race in host memory.
+    /// against the launch on the GPU through its readiness and the stream, as a framework's
+    /// own in-place operation is. Views take only device and managed memory, which no safe
+    /// host view reads, so work a caller leaves unordered can give wrong values on the
+    /// device, never a data race in host memory.
     pub fn output<'t, T: CudaElement>(
         &self,
+        tensor: &'t Tensor,
+    ) -> Result<DeviceViewMut<'t, T>, Error> {
+        self.output_at(self.taken.borrow().len(), tensor)
+    }
+
+    /// [`output`](KernelArgs::output) at a position the caller numbers itself.
+    pub fn output_at<'t, T: CudaElement>(
+        &self,
+        position: usize,
         tensor: &'t Tensor,
     ) -> Result<DeviceViewMut<'t, T>, Error> {
         if tensor.is_readonly() {
             return Err(tensorbridge::Error::ReadOnly.into());
         }
         tensor.layout().check(Constraint::NonOverlapping)?;
-        let index = self.check(tensor.descriptor(), true)?;
+        self.check(tensor.descriptor(), true, position)?;
         let view = make_view(tensor, self.stream, Release::Retire)?;
-        self.record(index, tensor.descriptor(), true);
+        self.record(tensor.descriptor(), true, position);
         Ok(DeviceViewMut::from_view(view))
     }
 
-    /// The position `desc` would take, after checking it against every argument so far.
-    fn check(&self, desc: &Descriptor, written: bool) -> Result<usize, Error> {
-        let taken = self.taken.borrow();
-        for (i, t) in taken.iter().enumerate() {
+    /// Checks `desc` against every argument so far.
+    fn check(&self, desc: &Descriptor, written: bool, position: usize) -> Result<(), Error> {
+        for t in self.taken.borrow().iter() {
             if written {
-                desc.check_disjoint(taken.len(), &t.desc, i)?;
+                desc.check_disjoint(position, &t.desc, t.position)?;
             } else if t.written {
-                t.desc.check_disjoint(i, desc, taken.len())?;
+                t.desc.check_disjoint(t.position, desc, position)?;
             }
         }
-        Ok(taken.len())
+        Ok(())
     }
 
-    fn record(&self, index: usize, desc: &Descriptor, written: bool) {
-        let mut taken = self.taken.borrow_mut();
-        debug_assert_eq!(index, taken.len());
-        taken.push(Taken {
+    fn record(&self, desc: &Descriptor, written: bool, position: usize) {
+        self.taken.borrow_mut().push(Taken {
             desc: desc.clone(),
             written,
+            position,
         });
     }
 }
@@ -219,7 +251,8 @@ pub fn nvrtc_present() -> bool {
 /// Modules compiled so far: (context, source address and length) -> module.
 type ModuleCache = Mutex<HashMap<(usize, usize, usize), Arc<CudaModule>>>;
 
-/// The kernel `name` of the CUDA C++ source `src`, for launches on `stream`: compiled with
+/// The kernel `name` of the CUDA C++ source `src` (after [`KERNEL_LAYOUT_CUDA`], so
+/// `tb_layout` and `tb_offset` are declared), for launches on `stream`: compiled with
 /// NVRTC and loaded into the stream's context on first use, then taken from a cache (one
 /// module per context and source: a `&'static str`, so the cache never outlives it). The
 /// lookup is one lock and a hash of three integers.
@@ -268,6 +301,16 @@ pub fn kernel(
 
 /// NVRTC, then the module into `ctx`.
 fn compile(ctx: &Arc<CudaContext>, src: &str, name: &str) -> Result<Arc<CudaModule>, Error> {
+    let ptx = ptx(&format!("{KERNEL_LAYOUT_CUDA}{src}"), name)?;
+    let _restore = tensorbridge_cuda::ContextGuard::save()?;
+    ctx.load_module(ptx)
+        .map_err(|e| tensorbridge_cuda::Error::driver("cuModuleLoadData", e).into())
+}
+
+/// `src` compiled to PTX by NVRTC (no driver needed), what [`kernel`] loads; `name` is the
+/// kernel the errors name. [`Error::NoNvrtc`] without libnvrtc (cudarc would panic),
+/// [`Error::Compile`] with NVRTC's log.
+pub fn ptx(src: &str, name: &str) -> Result<cudarc::nvrtc::Ptx, Error> {
     if !nvrtc_present() {
         return Err(Error::NoNvrtc);
     }
@@ -277,7 +320,7 @@ fn compile(ctx: &Arc<CudaContext>, src: &str, name: &str) -> Result<Arc<CudaModu
             log: "the source or the kernel name holds a NUL byte".to_owned(),
         });
     }
-    let ptx = cudarc::nvrtc::compile_ptx(src).map_err(|e| Error::Compile {
+    cudarc::nvrtc::compile_ptx(src).map_err(|e| Error::Compile {
         name: name.to_owned(),
         log: match e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => {
@@ -285,8 +328,5 @@ fn compile(ctx: &Arc<CudaContext>, src: &str, name: &str) -> Result<Arc<CudaModu
             }
             other => format!("{other:?}"),
         },
-    })?;
-    let _restore = tensorbridge_cuda::ContextGuard::save()?;
-    ctx.load_module(ptx)
-        .map_err(|e| tensorbridge_cuda::Error::driver("cuModuleLoadData", e).into())
+    })
 }

@@ -127,7 +127,7 @@ mod view;
 pub use dtype::CudaElement;
 pub use error::{Error, ImportError};
 pub use kernel::{
-    KERNEL_LAYOUT_CUDA, KernelArgs, KernelLayout, MAX_KERNEL_RANK, kernel, nvrtc_present,
+    KERNEL_LAYOUT_CUDA, KernelArgs, KernelLayout, MAX_KERNEL_RANK, kernel, nvrtc_present, ptx,
 };
 pub use slice::{
     Lent, Source, check_fits, import, import_shaped, lend, lend_shaped, try_into_slice,

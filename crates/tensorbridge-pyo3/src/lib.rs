@@ -93,6 +93,7 @@ mod exchange;
 mod ffi;
 mod import;
 mod interfaces;
+mod kernel;
 mod owner;
 mod python;
 mod view;
@@ -100,7 +101,8 @@ mod view;
 use pyo3::prelude::*;
 use tensorbridge::Tensor;
 
-pub use error::Error;
+pub use error::{Error, Result};
+pub use kernel::{KernelCall, StreamSource, kernel_call};
 pub use view::View;
 
 /// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
@@ -119,7 +121,9 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 }
 
 /// [`extract`] for a caller who will use the data on `stream` (DLPack's integer conventions:
-/// `None`, `-1` for no synchronisation, `1`, `2`, or a `cudaStream_t` handle; 0 is refused).
+/// `None`, `-1` for no synchronisation, `1`, `2`, or a `cudaStream_t` handle; and `0`, what
+/// `torch.cuda.current_stream().cuda_stream` and CuPy's `Stream.null.ptr` are for the
+/// default stream, read as the CUDA runtime reads a null stream: the legacy default stream).
 /// On return, work enqueued on that stream sees the producer's data; the host is never
 /// blocked.
 ///
@@ -129,7 +133,14 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 ///    as long as the returned tensor or a clone of it lives (its readiness may name it);
 ///    `2` (the per-thread default stream) is used only on the calling thread.
 pub unsafe fn extract_on(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
-    // SAFETY: obligation 1 is `import`'s.
+    // A null `cudaStream_t` is the legacy default stream (DLPack calls 0 ambiguous because a
+    // per-thread-default build reads it otherwise; PyTorch and CuPy hand out 0 for their
+    // default stream, which is the legacy one in their builds).
+    let stream = match stream {
+        Some(0) => Some(1),
+        other => other,
+    };
+    // SAFETY: obligation 1 is `import`'s (0 became 1, the always-live legacy stream).
     Ok(unsafe { import::import(obj, stream) }?)
 }
 
