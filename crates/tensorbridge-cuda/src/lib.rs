@@ -77,17 +77,17 @@
 //! retired owners of this crate and the cudarc adapter do keep theirs).
 //!
 //! # Borrowed streams: kernels on a framework's stream
-A kernel that reads and writes a framework's tensors in place is best run on that
-framework's current stream ([`with_stream_raw`] makes it a cudarc stream for a scope):
-then nothing needs ordering at all, in either direction, because the framework's earlier
-work and its later reads are on the same stream. Inputs from other streams are ordered
-before it with [`make_ready_on`] (the cudarc adapter's views do this), and a framework
-whose stream is not the kernel's is made to wait for the kernel's writes with [`join`].
-cudarc's `wrap_borrowed_stream` does not keep the stream alive; [`with_stream_raw`] keeps
-the stream's owner for as long as any clone of the wrapper lives, so an `Arc` that escapes
-the scope stays sound.
-
-# Contexts: the caller's state is left alone
+//! A kernel that reads and writes a framework's tensors in place is best run on that
+//! framework's current stream ([`with_stream_raw`] makes it a cudarc stream for a scope):
+//! then nothing needs ordering at all, in either direction, because the framework's earlier
+//! work and its later reads are on the same stream. Inputs from other streams are ordered
+//! before it with [`make_ready_on`] (the cudarc adapter's views do this), and a framework
+//! whose stream is not the kernel's is made to wait for the kernel's writes with [`join`].
+//! cudarc's `wrap_borrowed_stream` does not keep the stream alive; [`with_stream_raw`] keeps
+//! the stream's owner for as long as any clone of the wrapper lives, so an `Arc` that escapes
+//! the scope stays sound.
+//!
+//! # Contexts: the caller's state is left alone
 //! The runtime API (and so every Python framework) reads "the current device" from the
 //! calling thread's current driver context. Every public function of this crate leaves that
 //! context exactly as it found it: calls that need a context bind it for their own duration
