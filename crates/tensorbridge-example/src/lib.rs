@@ -101,26 +101,26 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
     let stream = tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(stream));
     let layout = KernelLayout::new(&[n], &[1]).map_err(|e| to_py_err(&e))?;
     let cfg = LaunchConfig::for_num_elems(u32::try_from(n.max(1)).unwrap_or(u32::MAX));
-    // SAFETY: the caller (the benchmark) passes a live stream of device 0 that PyTorch keeps.
-    let launched = unsafe {
-        tensorbridge_cuda::with_stream_raw(0, stream, None, |s| {
-            let f = tensorbridge_cudarc::kernel(s, AXPY, "axpy").map_err(|e| to_py_err(&e))?;
-            // SAFETY: the benchmark passes two live, disjoint allocations of `n` floats on
-            // device 0, written by nothing else meanwhile; the kernel's signature as in `axpy`.
-            unsafe {
-                s.launch_builder(&f)
-                    .arg(&alpha)
-                    .arg(&x_ptr)
-                    .arg(&layout)
-                    .arg(&y_ptr)
-                    .arg(&layout)
-                    .arg(&n)
-                    .launch(cfg)
-            }
-            .map_err(|e| to_py_err(&e))
-        })
+    let body = |s: &std::sync::Arc<cudarc::driver::CudaStream>| -> PyResult<()> {
+        let f = tensorbridge_cudarc::kernel(s, AXPY, "axpy").map_err(|e| to_py_err(&e))?;
+        // SAFETY: the benchmark passes two live, disjoint allocations of `n` floats on device
+        // 0, written by nothing else meanwhile; the kernel's signature as in `axpy`.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(&alpha)
+                .arg(&x_ptr)
+                .arg(&layout)
+                .arg(&y_ptr)
+                .arg(&layout)
+                .arg(&n)
+                .launch(cfg)
+        }
+        .map_err(|e| to_py_err(&e))?;
+        Ok(())
     };
-    launched.map_err(|e| to_py_err(&e))?
+    // SAFETY: the caller (the benchmark) passes a live stream of device 0 that PyTorch keeps.
+    unsafe { tensorbridge_cuda::with_stream_raw(0, stream, None, body) }
+        .map_err(|e| to_py_err(&e))?
 }
 
 /// The module.

@@ -157,32 +157,30 @@ fn kernel_call_inner<R>(
         }
         None => (StreamSource::LegacyDefault, Stream::LegacyDefault, None),
     };
+    let body = |s: &Arc<CudaStream>| -> Result<R> {
+        let call = KernelCall {
+            tensors,
+            args: KernelArgs::new(s),
+            source,
+        };
+        let out = f(&call)?;
+        if !found.is_empty() {
+            let done = tensorbridge_cuda::CudaSignal::record(s)?;
+            for other in &found {
+                // SAFETY: another framework's current stream, live now (a CuPy stream is
+                // held by its keeper in `found`; PyTorch's and the default streams always are).
+                unsafe { done.wait_on_raw(other.stream) }?;
+            }
+        }
+        Ok(out)
+    };
     // SAFETY:
     // 1. the stream is live now and as long as `keeper`: PyTorch's current streams are its
     //    default stream or streams of its pools, which it never destroys (a stream made
     //    current from outside, `torch.cuda.ExternalStream`, must outlive the work that uses
     //    it, as PyTorch requires); CuPy's is kept alive by `keeper` (the Stream object); the
     //    legacy default stream always is.
-    let out = unsafe {
-        tensorbridge_cuda::with_stream_raw(ordinal, stream, keeper, |s| {
-            let call = KernelCall {
-                tensors,
-                args: KernelArgs::new(s),
-                source,
-            };
-            let out = f(&call)?;
-            if !found.is_empty() {
-                let done = tensorbridge_cuda::CudaSignal::record(s)?;
-                for other in &found {
-                    // SAFETY: another framework's current stream, live now (kept alive as
-                    // above, and `found` holds its keeper).
-                    unsafe { done.wait_on_raw(other.stream) }?;
-                }
-            }
-            Ok::<R, Error>(out)
-        })
-    }?;
-    out
+    unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, keeper, body) }?
 }
 
 /// The current stream of `obj`'s framework on device `ordinal`, when it has one: PyTorch's
