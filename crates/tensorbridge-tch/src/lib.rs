@@ -99,7 +99,7 @@ pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
 pub use export::{ToTchOptions, to_tch, to_tch_with};
 pub use ffi::{ScalarType, TorchDevice, TorchDeviceType, TorchLayout};
-pub use import::from_tch;
+pub use import::{from_tch, with_current_stream};
 
 /// The tch this crate is built against, for callers who want the same version.
 pub use tch;
