@@ -167,7 +167,10 @@ impl<'s> KernelArgs<'s> {
 
     /// A read-only view of `tensor`, the next argument, refused if it overlaps an output
     /// ([`tensorbridge::Error::Aliased`]).
-    pub fn input<'t, T: CudaElement>(&self, tensor: &'t Tensor) -> Result<DeviceView<'t, T>, Error> {
+    pub fn input<'t, T: CudaElement>(
+        &self,
+        tensor: &'t Tensor,
+    ) -> Result<DeviceView<'t, T>, Error> {
         self.input_at(self.taken.borrow().len(), tensor)
     }
 

@@ -125,10 +125,7 @@ fn kernel_call_inner<R>(
         .iter()
         .find(|t| !matches!(t.device().kind, DeviceType::Cuda | DeviceType::CudaManaged))
     {
-        return Err(tensorbridge_cuda::Error::NotCudaMemory {
-            device: t.device(),
-        }
-        .into());
+        return Err(tensorbridge_cuda::Error::NotCudaMemory { device: t.device() }.into());
     }
     // The device: the first argument on a CUDA device (managed memory names device 0).
     let ordinal = tensors

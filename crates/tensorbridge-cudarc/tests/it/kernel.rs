@@ -36,7 +36,10 @@ fn kernel_layout_is_the_c_struct() {
 fn kernel_layout_rank_limit() {
     let shape = [1i64; MAX_KERNEL_RANK + 1];
     let err = KernelLayout::new(&shape, &shape).unwrap_err();
-    assert!(matches!(err, Error::RankTooLarge { rank: 9, max: 8 }), "{err:?}");
+    assert!(
+        matches!(err, Error::RankTooLarge { rank: 9, max: 8 }),
+        "{err:?}"
+    );
     assert_eq!(
         err.to_string(),
         "the tensor has 9 dimensions but a kernel layout holds at most 8 (expected a tensor of rank <= 8; reshape or make it contiguous and flatten it)"

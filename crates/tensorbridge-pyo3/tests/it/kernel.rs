@@ -63,11 +63,20 @@ fn errors_convert_with_question_mark() {
     with_py(|py| {
         let err: pyo3::PyErr = layers().unwrap_err().into();
         assert!(err.is_instance_of::<PyRuntimeError>(py), "{err}");
-        assert!(err.to_string().contains("CUDA_ERROR_LAUNCH_FAILED"), "{err}");
-        let nvrtc: pyo3::PyErr = tensorbridge_pyo3::Error::from(tensorbridge_cudarc::Error::NoNvrtc).into();
+        assert!(
+            err.to_string().contains("CUDA_ERROR_LAUNCH_FAILED"),
+            "{err}"
+        );
+        let nvrtc: pyo3::PyErr =
+            tensorbridge_pyo3::Error::from(tensorbridge_cudarc::Error::NoNvrtc).into();
         assert!(nvrtc.is_instance_of::<PyRuntimeError>(py), "{nvrtc}");
         let alias: pyo3::PyErr = tensorbridge_pyo3::Error::from(tensorbridge_cudarc::Error::Core(
-            tensorbridge::Error::SelfOverlap { dim: 0, size: 2, stride: 0, inner: 0 },
+            tensorbridge::Error::SelfOverlap {
+                dim: 0,
+                size: 2,
+                stride: 0,
+                inner: 0,
+            },
         ))
         .into();
         assert!(alias.is_instance_of::<PyValueError>(py), "{alias}");

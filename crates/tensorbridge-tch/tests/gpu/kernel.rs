@@ -79,7 +79,10 @@ fn kernel_on_libtorchs_stream_after_a_busy_producer() -> Result<()> {
     let host = t0.elapsed();
     let busy = !p_end.is_complete();
     let got = torch_values(&y); // libtorch reads y on its stream
-    ensure!(busy, "the producer finished before the call returned: the host waited");
+    ensure!(
+        busy,
+        "the producer finished before the call returned: the host waited"
+    );
     ensure!(host < HOST_LIMIT, "the call kept the host {host:?}");
     let bad = got
         .iter()
@@ -118,7 +121,10 @@ fn control_the_same_kernel_unordered_reads_stale_values() -> Result<()> {
         .enumerate()
         .filter(|(i, v)| **v == 1.0 + 2.0 * (2.0 * *i as f32 + 1.0))
         .count();
-    ensure!(right < N, "the unordered control got every value right: no race to observe");
+    ensure!(
+        right < N,
+        "the unordered control got every value right: no race to observe"
+    );
     Ok(())
 }
 
@@ -131,7 +137,10 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
     let y = tch::Tensor::zeros([4, 3], (Kind::Float, dev)).tr(); // strides (1, 3)
     let (xt, yt) = (from_tch(&x)?, from_tch(&y)?);
     with_current_stream(0, |s| axpy(s, 1.0, &xt, &yt))??;
-    ensure!(torch_values(&y.contiguous()) == torch_values(&x), "transposed output wrong");
+    ensure!(
+        torch_values(&y.contiguous()) == torch_values(&x),
+        "transposed output wrong"
+    );
 
     let err = with_current_stream(0, |s| axpy(s, 1.0, &xt, &xt))?.unwrap_err();
     ensure!(

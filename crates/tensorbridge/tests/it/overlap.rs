@@ -141,9 +141,18 @@ fn broadcast_and_windows_are_self_overlapping() {
     // Sliding windows of 3 over a row: stride 1 inside, 1 between windows.
     let w = Layout::new(&[5, 3], Some(&[1, 1]), 0).unwrap();
     let err = w.check(Constraint::NonOverlapping).unwrap_err();
-    assert!(matches!(err, Error::SelfOverlap { stride: 1, .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::SelfOverlap { stride: 1, .. }),
+        "{err:?}"
+    );
     assert_eq!(
-        Error::SelfOverlap { dim: 0, size: 3, stride: 0, inner: 0 }.to_string(),
+        Error::SelfOverlap {
+            dim: 0,
+            size: 3,
+            stride: 0,
+            inner: 0
+        }
+        .to_string(),
         "dimension 0 (size 3, stride 0) may reach the same addresses as the dimensions inside it, which span 0 elements (expected a layout in which no two elements share an address: each stride, in increasing magnitude, larger than the span of the smaller ones)"
     );
     // Transposed and stepped layouts are fine.
