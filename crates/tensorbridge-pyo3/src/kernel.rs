@@ -133,7 +133,6 @@ fn kernel_call_inner<R>(
         .find(|t| t.device().kind == DeviceType::Cuda)
         .or_else(|| tensors.first())
         .map_or(0, |t| t.device().ordinal);
-    let ordinal = u32::try_from(ordinal).unwrap_or(0);
     // Each argument's framework stream, where its framework has one.
     let mut found: Vec<Found> = Vec::new();
     for a in args {
