@@ -47,13 +47,12 @@ fn kernel_calls_refuse_host_memory() {
 /// the documented kinds; a cudarc `DriverError` is a `RuntimeError`.
 #[test]
 fn errors_convert_with_question_mark() {
-    fn layers() -> tensorbridge_pyo3::Result<()> {
+    fn core_layer() -> tensorbridge_pyo3::Result<()> {
         let core: Result<(), tensorbridge::Error> = Err(tensorbridge::Error::ReadOnly);
-        let r: tensorbridge_pyo3::Result<()> = (|| {
-            core?;
-            Ok(())
-        })();
-        assert!(r.is_err());
+        core?;
+        Ok(())
+    }
+    fn layers() -> tensorbridge_pyo3::Result<()> {
         let driver: Result<(), cudarc::driver::DriverError> = Err(cudarc::driver::DriverError(
             cudarc::driver::sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
         ));
@@ -61,6 +60,11 @@ fn errors_convert_with_question_mark() {
         Ok(())
     }
     with_py(|py| {
+        let err: pyo3::PyErr = core_layer().unwrap_err().into();
+        assert!(
+            err.is_instance_of::<pyo3::exceptions::PyBufferError>(py),
+            "{err}"
+        );
         let err: pyo3::PyErr = layers().unwrap_err().into();
         assert!(err.is_instance_of::<PyRuntimeError>(py), "{err}");
         assert!(
