@@ -102,16 +102,28 @@ pub unsafe fn with_stream_raw<R>(
             unsafe { dev.ctx().wrap_borrowed_stream(raw_stream(stream)) }
         }
     };
-    let out = f(&wrapped);
-    if Arc::strong_count(&wrapped) > 1
-        && let Some(keeper) = keeper
-    {
-        ESCAPED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((wrapped, keeper));
+    // Checked when `f` returns or unwinds: a clone kept before a panic escapes too.
+    let scope = Scope { wrapped, keeper };
+    Ok(f(&scope.wrapped))
+}
+
+/// The borrow's end: keeps the keeper of a wrapper whose clones outlive the scope.
+struct Scope {
+    wrapped: Arc<CudaStream>,
+    keeper: Option<Owner>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.wrapped) > 1
+            && let Some(keeper) = self.keeper.take()
+        {
+            ESCAPED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((self.wrapped.clone(), keeper));
+        }
     }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -178,8 +178,9 @@ def test_strided_transposed_and_empty(torch):
     assert torch.equal(y, 2 * x)
 
     base = torch.arange(48.0, device="cuda").reshape(6, 8)
-    xs = base[::2, 1::3]  # strided, offset
-    ys = torch.ones(16, device="cuda").reshape(4, 4)[1:4:1, ::2]
+    xs = base[::2, 1::4]  # strided, offset: shape (3, 2)
+    ys = torch.ones(16, device="cuda").reshape(4, 4)[1:4, ::2]  # shape (3, 2)
+    assert xs.shape == ys.shape
     want = ys + 0.5 * xs
     ext.axpy(0.5, xs, ys)
     assert torch.equal(ys, want)
