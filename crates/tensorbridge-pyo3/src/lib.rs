@@ -11,6 +11,7 @@
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | the producer stream given |
+//! | Python tensors -> your own CUDA kernel | [`kernel_call`] (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing) | zero-copy, in place | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
 //!
 //! # The import order
 //! [`extract`] tries, in this order:
@@ -43,6 +44,13 @@
 //!     Ok(view.iter().sum())
 //! }
 //! ```
+//!
+//! # Your own kernel
+//! [`kernel_call`] is the one call a `#[pyfunction]` needs to launch its own cudarc kernel
+//! on framework tensors (the README's recipe, `crates/tensorbridge-example`'s `axpy`): the
+//! stream, the views, the aliasing checks, NVRTC; `unsafe` stays at the launch. Its closure
+//! returns this crate's [`Result`], into which the core's, the CUDA layer's, the cudarc
+//! adapter's errors and cudarc's `DriverError` convert with `?`.
 //!
 //! # Errors
 //! [`Error`] is mapped to Python exceptions in one place: `TypeError` for objects of the
