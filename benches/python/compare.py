@@ -286,6 +286,10 @@ def kernel_rows(torch, n=1 << 16):
             print(f"| {label} | error: {type(e).__name__}: {e} | |")
     try:
         import tvm_ffi
+        try:
+            import tvm_ffi.testing  # noqa: F401  (registers the testing.* functions in some builds)
+        except ImportError:
+            pass
         nop = tvm_ffi.get_global_func("testing.nop")
         results["tvm-ffi testing.nop(alpha, x, y)"] = median_ns(
             lambda: nop(1.0, x, y), calls=CALLS // 4, warmup=WARMUP // 4)
