@@ -133,6 +133,10 @@ def main():
     print()
     stream_rows(cp, torch)
 
+    # 7. Your own kernel: the host cost of one axpy call on three arguments.
+    print()
+    kernel_rows(torch)
+
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(rows, f, indent=1)
@@ -235,6 +239,72 @@ def stream_rows(cp, torch):
                 lambda a: bool(cp.asarray(a).min() == 7.0))
     except ImportError:
         pass
+
+
+def kernel_rows(torch, n=1 << 16):
+    """Host time of one ``axpy(alpha, x, y)`` (y += alpha * x in place, our own NVRTC kernel
+    on torch's current stream: two imports through the DLPack C exchange API, the stream
+    borrowed, checked views, the launch), next to the same kernel launched through cudarc on
+    pointers extracted beforehand (``axpy_ptr``: the floor, no import, no check, no ordering)
+    and next to tvm-ffi passing the same three arguments to a function that does nothing
+    (``testing.nop``: the cost of its argument conversion alone). The GPU work is tiny and
+    the queue is drained between blocks so launches never back up."""
+    try:
+        import tensorbridge_example as ext
+    except ImportError as e:
+        print(f"kernel call: skipped ({e}; the example extension is not installed)")
+        rows.append({"path": "kernel call", "error": str(e)})
+        return
+    x = torch.full((n,), 2.0, device="cuda")
+    y = torch.zeros(n, device="cuda")
+    ext.axpy(1.0, x, y)  # NVRTC and the module load, once
+    torch.cuda.synchronize()
+    xp, yp = x.data_ptr(), y.data_ptr()
+
+    def drained(fn, block=1000):
+        count = [0]
+
+        def call():
+            fn()
+            count[0] += 1
+            if count[0] % block == 0:
+                torch.cuda.synchronize()
+        return call
+
+    print("| kernel call (host time, median) | time | vs floor |")
+    print("|---|---:|---:|")
+    results = {}
+    for label, fn in (
+        ("cudarc on pre-extracted pointers (axpy_ptr, floor)",
+         lambda: ext.axpy_ptr(1.0, xp, yp, n, 0)),
+        ("tensorbridge axpy(alpha, x, y)", lambda: ext.axpy(1.0, x, y)),
+    ):
+        try:
+            results[label] = median_ns(drained(fn), calls=CALLS // 4, warmup=WARMUP // 4)
+        except Exception as e:  # reported, never hidden
+            results[label] = None
+            print(f"| {label} | error: {type(e).__name__}: {e} | |")
+    try:
+        import tvm_ffi
+        try:
+            import tvm_ffi.testing  # noqa: F401  (registers the testing.* functions in some builds)
+        except ImportError:
+            pass
+        nop = tvm_ffi.get_global_func("testing.nop")
+        results["tvm-ffi testing.nop(alpha, x, y)"] = median_ns(
+            lambda: nop(1.0, x, y), calls=CALLS // 4, warmup=WARMUP // 4)
+    except Exception as e:  # not installed, or no testing.nop in this build
+        print(f"| tvm-ffi | skipped: {type(e).__name__}: {e} | |")
+    floor = results.get("cudarc on pre-extracted pointers (axpy_ptr, floor)")
+    for label, ns in results.items():
+        if ns is None:
+            continue
+        ratio = ns / floor if floor else float("nan")
+        print(f"| {label} | {ns / 1e3:.2f} µs | {ratio:.2f}x |")
+        rows.append({"path": f"kernel: {label}", "ours_ns": ns, "floor_ns": floor,
+                     "ratio": ratio})
+    torch.cuda.synchronize()
+    assert bool(torch.all(y > 0)), "axpy did not write"
 
 
 if __name__ == "__main__":

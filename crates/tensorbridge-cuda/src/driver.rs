@@ -617,7 +617,8 @@ unsafe fn retire_at(ctx: &Arc<CudaContext>, stream: sys::CUstream, owner: Owner)
     }
 }
 
-/// Releases the owners that dropped views kept alive, once the device has finished the
+/// Releases the keepers of borrowed streams whose last escaped wrapper is gone
+/// ([`with_stream_raw`](crate::with_stream_raw)), and the owners that dropped views kept alive, once the device has finished the
 /// consumer work enqueued before each view was dropped (and those kept by CUDA graphs that
 /// have since been destroyed), and returns how many still wait for device work.
 ///
@@ -627,6 +628,7 @@ unsafe fn retire_at(ctx: &Arc<CudaContext>, stream: sys::CUstream, owner: Owner)
 /// so a CUDA graph being captured on any thread is not disturbed.
 pub fn reclaim() -> usize {
     drain_released();
+    crate::borrow::sweep_escaped();
     let mut done = Vec::new();
     let pending = {
         let mut retired = RETIRED.lock().unwrap_or_else(PoisonError::into_inner);

@@ -717,8 +717,8 @@ fn primary_name(stream: &CudaStream) -> Result<Option<Stream>, Error> {
 }
 
 /// Where data produced on a cudarc stream becomes ready: [`Ready::Stream`] of it when a raw
-/// handle names it unambiguously (`primary_name`), a [`CudaSignal`] recorded on it now
-/// otherwise (which then names no stream).
+/// handle names it unambiguously (a stream of its device's primary context), a
+/// [`CudaSignal`] recorded on it now otherwise (which then names no stream).
 ///
 /// The result names `stream` (directly, or as the signal's producer) only as a stream of its
 /// device's primary context, never the per-thread default stream; a signal keeps the stream

@@ -18,6 +18,7 @@
 //! | contexts | [`primary_context`], [`current_device`], [`ContextGuard`], [`driver_present`] | no |
 //! | graph capture | [`capture_status`] | no |
 //! | stream names | [`stream_of`], [`stream_from_raw`], [`raw_stream`] | no |
+//! | a foreign stream (PyTorch's, CuPy's) as a cudarc stream, for a scope | `unsafe` [`with_stream_raw`] | no |
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -75,6 +76,17 @@
 //! PyTorch: a tensor handed to a captured kernel must outlive the graph's replays (views and
 //! retired owners of this crate and the cudarc adapter do keep theirs).
 //!
+//! # Borrowed streams: kernels on a framework's stream
+//! A kernel that reads and writes a framework's tensors in place is best run on that
+//! framework's current stream ([`with_stream_raw`] makes it a cudarc stream for a scope):
+//! then nothing needs ordering at all, in either direction, because the framework's earlier
+//! work and its later reads are on the same stream. Inputs from other streams are ordered
+//! before it with [`make_ready_on`] (the cudarc adapter's views do this), and a framework
+//! whose stream is not the kernel's is made to wait for the kernel's writes with [`join`].
+//! cudarc's `wrap_borrowed_stream` does not keep the stream alive; [`with_stream_raw`] keeps
+//! the stream's owner for as long as any clone of the wrapper lives, so an `Arc` that escapes
+//! the scope stays sound.
+//!
 //! # Contexts: the caller's state is left alone
 //! The runtime API (and so every Python framework) reads "the current device" from the
 //! calling thread's current driver context. Every public function of this crate leaves that
@@ -121,12 +133,14 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod borrow;
 mod capture;
 mod driver;
 mod error;
 mod handoff;
 mod pointer;
 
+pub use borrow::with_stream_raw;
 pub use capture::{CaptureStatus, capture_status};
 pub use driver::{
     ContextGuard, current_device, driver_present, primary_context, raw_stream, reclaim, retire_on,

@@ -42,6 +42,40 @@ pub enum Error {
         /// The stream's capture state.
         capture: tensorbridge_cuda::CaptureStatus,
     },
+
+    // ---- kernels ----
+    /// A tensor with more dimensions than a [`KernelLayout`](crate::KernelLayout) holds.
+    #[error(
+        "the tensor has {rank} dimensions but a kernel layout holds at most {max} (expected a tensor of rank <= {max}; reshape or make it contiguous and flatten it)"
+    )]
+    RankTooLarge {
+        /// The tensor's rank.
+        rank: usize,
+        /// [`MAX_KERNEL_RANK`](crate::MAX_KERNEL_RANK).
+        max: usize,
+    },
+    /// NVRTC (libnvrtc) could not be loaded, so kernels cannot be compiled at run time.
+    #[error(
+        "cannot compile CUDA kernels: libnvrtc could not be loaded (expected the CUDA toolkit's libnvrtc.so on the library path, e.g. /usr/local/cuda/lib64, or the nvidia-cuda-nvrtc wheel)"
+    )]
+    NoNvrtc,
+    /// A kernel source that NVRTC refused.
+    #[error("NVRTC could not compile the source of kernel {name}: {log}")]
+    Compile {
+        /// The kernel asked for.
+        name: String,
+        /// NVRTC's log (or what else went wrong).
+        log: String,
+    },
+}
+
+impl From<cudarc::driver::DriverError> for Error {
+    /// A failing cudarc call (a launch, an allocation, a copy) as the CUDA layer's
+    /// [`Driver`](tensorbridge_cuda::Error::Driver) error, so `?` works on cudarc's results
+    /// in functions that return this crate's errors.
+    fn from(e: cudarc::driver::DriverError) -> Error {
+        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+    }
 }
 
 /// What a failed consuming conversion gives back: the error and the slice, untouched, so its

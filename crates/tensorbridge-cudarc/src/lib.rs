@@ -9,6 +9,7 @@
 //! | `&CudaSlice`, `&CudaView` -> tensor, lent for a scope | [`lend`], [`lend_shaped`] | zero-copy, read-only | as above; at the scope's end the slice's stream waits for every view's stream |
 //! | `&mut CudaSlice`, `&mut CudaViewMut` -> tensor, lent for a scope | the same | zero-copy, read-write | as above, after pending reads too |
 //! | any CUDA [`Tensor`] -> cudarc launch argument, borrowed | [`view`], `unsafe` [`view_mut`] | zero-copy | the view's stream waits (on the GPU) for the tensor's [`Ready`] |
+//! | a kernel's arguments, checked | [`KernelArgs::input`], [`KernelArgs::output`] (safe: outputs refused when they overlap themselves or any other argument), [`KernelLayout`] (shape and strides as a kernel argument), [`kernel`] (NVRTC, cached per context) | zero-copy | as for [`view`] |
 //!
 //! A slice whose stream is a per-thread default stream, or belongs to a non-primary context,
 //! gets a [`CudaSignal`](tensorbridge_cuda::CudaSignal) recorded on that stream instead of a
@@ -82,6 +83,17 @@
 //! As with any cudarc launch, the launch itself is `unsafe`: the kernel's signature, bounds,
 //! and use of the view's stream are the caller's promise.
 //!
+//! # Your own kernel on a framework's tensors
+//! A kernel that reads some tensors and writes others in place, for PyTorch, CuPy, JAX or
+//! libtorch users, runs best on the framework's current stream, borrowed as a cudarc stream
+//! for the call ([`tensorbridge_cuda::with_stream_raw`]; the Python layer's `kernel_call`
+//! and the tch adapter's `with_current_stream` find it): inputs produced on other streams
+//! are waited for by the views, and the framework's later work on its stream sees the
+//! kernel's writes with no event at all. [`KernelArgs`] makes the views and checks that no
+//! output overlaps itself or another argument, [`KernelLayout`] carries strided layouts into
+//! the kernel, and [`kernel`] compiles the source with NVRTC once per context. The launch
+//! itself is the one `unsafe` block left.
+//!
 //! # Contexts
 //! Like the CUDA layer, every function of this crate leaves the calling thread's current
 //! context as it found it, although the cudarc calls it makes bind their own.
@@ -99,17 +111,24 @@
 //! - A lent buffer cannot be used on a stream being captured into a CUDA graph
 //!   ([`Error::LentToCapture`]): the borrow ends with the scope, before any replay. Imported
 //!   slices can: a view dropped on a capturing stream keeps the owner as long as the graph.
+//! - [`KernelLayout`] holds at most [`MAX_KERNEL_RANK`] (8) dimensions. [`kernel`] compiles
+//!   for NVRTC's default architecture (PTX, JIT-compiled by the driver for the device) with
+//!   no options, and caches by the source's address: pass a `static` source.
 //! - The CUDA layer's limitations apply ([`tensorbridge_cuda`]'s crate docs).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod dtype;
 mod error;
+mod kernel;
 mod slice;
 mod view;
 
 pub use dtype::CudaElement;
 pub use error::{Error, ImportError};
+pub use kernel::{
+    KERNEL_LAYOUT_CUDA, KernelArgs, KernelLayout, MAX_KERNEL_RANK, kernel, nvrtc_present, ptx,
+};
 pub use slice::{
     Lent, Source, check_fits, import, import_shaped, lend, lend_shaped, try_into_slice,
 };

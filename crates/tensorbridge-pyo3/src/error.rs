@@ -5,7 +5,7 @@ use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError
 use tensorbridge::Device;
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
-/// adapters' errors pass through unchanged, and a Python exception raised by a producer
+/// adapters' errors (and cudarc's `DriverError`) convert with `?` and pass through unchanged, and a Python exception raised by a producer
 /// (inside `__dlpack__`, say) travels as [`Error::Python`].
 ///
 /// `From<Error> for PyErr` is the one place that picks the Python exception: `TypeError` for
@@ -307,6 +307,14 @@ pub enum Error {
         /// The tensor's type.
         type_name: String,
     },
+    /// A kernel call's argument asked for by a position it does not have.
+    #[error("argument {index} does not exist: the kernel call has {count} tensor arguments")]
+    NoArgument {
+        /// The position asked for.
+        index: usize,
+        /// How many there are.
+        count: usize,
+    },
     /// A DLPack C exchange API table that could not be used.
     #[error("{type_name}'s DLPack C exchange API is unusable: {problem}")]
     Exchange {
@@ -315,6 +323,17 @@ pub enum Error {
         /// What is wrong.
         problem: &'static str,
     },
+}
+
+impl From<cudarc::driver::DriverError> for Error {
+    /// A failing cudarc call (a launch, `new_stream`, `clone_htod`...) as the CUDA layer's
+    /// [`Driver`](tensorbridge_cuda::Error::Driver) error (`RuntimeError` in Python), so `?`
+    /// works on cudarc's results in a [`kernel_call`](crate::kernel_call) closure and in any
+    /// extension function returning this crate's `Result`. cudarc's error does not say which
+    /// call failed; the message names cudarc and the `CUresult`.
+    fn from(e: cudarc::driver::DriverError) -> Error {
+        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+    }
 }
 
 /// The Python exception for a refusal of the core: `TypeError` for element types the core
@@ -373,7 +392,12 @@ impl From<Error> for PyErr {
             Error::Cuda(cuda) => cuda_exception(&cuda, msg),
             Error::Cudarc(tensorbridge_cudarc::Error::Cuda(cuda)) => cuda_exception(&cuda, msg),
             Error::Cudarc(tensorbridge_cudarc::Error::Core(core)) => core_exception(&core, msg),
-            // Layouts outside a slice: bad values.
+            // No NVRTC, or a kernel that does not compile: the environment or the
+            // extension's source, not the caller's values.
+            Error::Cudarc(
+                tensorbridge_cudarc::Error::NoNvrtc | tensorbridge_cudarc::Error::Compile { .. },
+            ) => PyRuntimeError::new_err(msg),
+            // Layouts outside a slice, ranks a kernel layout cannot hold: bad values.
             Error::Cudarc(_) => PyValueError::new_err(msg),
             Error::NotATensor { .. }
             | Error::CapsuleName { .. }
@@ -397,6 +421,7 @@ impl From<Error> for PyErr {
             | Error::NegativePointer { .. }
             | Error::HostOrdinal { .. }
             | Error::MissingKey { .. }
+            | Error::NoArgument { .. }
             | Error::Masked { .. } => PyValueError::new_err(msg),
             Error::UsedCapsule { .. }
             | Error::UnsupportedDlDevice { .. }
@@ -419,15 +444,5 @@ impl<T> From<tensorbridge_cudarc::ImportError<T>> for Error {
     }
 }
 
-/// A failed cudarc call (`new_stream`, `clone_htod`, ...): a driver error
-/// ([`tensorbridge_cuda::Error::Driver`], `RuntimeError` in Python), so extension functions
-/// that use cudarc directly need no error mapping of their own. cudarc's error does not say
-/// which call failed; the message names cudarc and the `CUresult`.
-impl From<cudarc::driver::DriverError> for Error {
-    fn from(e: cudarc::driver::DriverError) -> Error {
-        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
-    }
-}
-
 /// `Result` with this crate's [`Error`].
-pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;

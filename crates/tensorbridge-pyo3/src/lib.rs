@@ -11,6 +11,7 @@
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
+//! | Python tensors -> your own CUDA kernel | [`kernel_call`] (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing) | zero-copy, in place | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
 //!
 //! # The import order
 //! [`extract`] tries, in this order:
@@ -48,6 +49,13 @@
 //!     Ok(x.0.host_view::<f32>()?.iter().sum())
 //! }
 //! ```
+//!
+//! # Your own kernel
+//! [`kernel_call`] is the one call a `#[pyfunction]` needs to launch its own cudarc kernel
+//! on framework tensors (the README's recipe, `crates/tensorbridge-example`'s `axpy`): the
+//! stream, the views, the aliasing checks, NVRTC; `unsafe` stays at the launch. Its closure
+//! returns this crate's [`Result`], into which the core's, the CUDA layer's, the cudarc
+//! adapter's errors and cudarc's `DriverError` convert with `?`.
 //!
 //! # Errors
 //! Extension functions can return `Result<_, tensorbridge_pyo3::Error>`: the core's, the
@@ -114,6 +122,7 @@ mod exchange;
 mod ffi;
 mod import;
 mod interfaces;
+mod kernel;
 mod owner;
 mod pydtype;
 mod python;
@@ -122,7 +131,8 @@ mod view;
 use pyo3::prelude::*;
 use tensorbridge::Tensor;
 
-pub use error::Error;
+pub use error::{Error, Result};
+pub use kernel::{KernelCall, StreamSource, kernel_call};
 pub use view::View;
 
 /// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
@@ -141,7 +151,9 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 }
 
 /// [`extract`] for a caller who will use the data on `stream` (DLPack's integer conventions:
-/// `None`, `-1` for no synchronisation, `1`, `2`, or a `cudaStream_t` handle; 0 is refused).
+/// `None`, `-1` for no synchronisation, `1`, `2`, or a `cudaStream_t` handle; and `0`, what
+/// `torch.cuda.current_stream().cuda_stream` and CuPy's `Stream.null.ptr` are for the
+/// default stream, read as the CUDA runtime reads a null stream: the legacy default stream).
 /// On return, work enqueued on that stream sees the producer's data; the host is never
 /// blocked.
 ///
@@ -151,7 +163,14 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 ///    as long as the returned tensor or a clone of it lives (its readiness may name it);
 ///    `2` (the per-thread default stream) is used only on the calling thread.
 pub unsafe fn extract_on(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
-    // SAFETY: obligation 1 is `import`'s.
+    // A null `cudaStream_t` is the legacy default stream (DLPack calls 0 ambiguous because a
+    // per-thread-default build reads it otherwise; PyTorch and CuPy hand out 0 for their
+    // default stream, which is the legacy one in their builds).
+    let stream = match stream {
+        Some(0) => Some(1),
+        other => other,
+    };
+    // SAFETY: obligation 1 is `import`'s (0 became 1, the always-live legacy stream).
     Ok(unsafe { import::import(obj, stream) }?)
 }
 

@@ -94,6 +94,34 @@ def test_example_extension_errors_map_through_the_crate_error():
         ext.total(object())
 
 
+def test_own_kernel_without_a_gpu_is_a_clean_error():
+    """The compiled kernel recipe (axpy) on host tensors: a ValueError naming the device
+    (kernels take CUDA memory), never a panic; on a machine without a driver the same."""
+    ext = pytest.importorskip("tensorbridge_example")
+    np = pytest.importorskip("numpy")
+    x = np.ones(4, np.float32)
+    y = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="memory on cpu cannot be passed to a CUDA kernel"):
+        ext.axpy(2.0, x, y)
+    assert (y == 0).all()
+    with pytest.raises(TypeError):
+        ext.axpy(2.0, object(), y)
+
+
+def test_own_kernel_recipe_says_what_it_needs_on_the_host():
+    try:
+        importlib.import_module("tensorbridge_example")
+        want = (3, "needs a CUDA GPU")
+    except ImportError:
+        want = (2, "tensorbridge_example")
+    if recipe("_cmem").cuda_available():
+        pytest.skip("a GPU is present: gpu/test_gpu_cookbook.py runs the recipe")
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "torch_own_kernel.py")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == want[0], (r.returncode, r.stdout, r.stderr)
+    assert want[1] in r.stderr
+
+
 def test_demo_host_table():
     demo = recipe("demo")
     import io

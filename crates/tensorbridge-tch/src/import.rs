@@ -47,6 +47,49 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
     Ok(tensorbridge_cuda::stream_from_raw(handle.cast()))
 }
 
+/// Runs `f` with libtorch's current stream of CUDA device `ordinal` on this thread (tch has
+/// no stream API, so from Rust this is libtorch's default stream unless C++ code set
+/// another), borrowed as a cudarc stream: a cudarc kernel launched on it is ordered after the
+/// libtorch work enqueued before it and before the libtorch work enqueued after it, with no
+/// event and no host wait, like a libtorch operation. With [`from_tch`] for the arguments and
+/// the cudarc adapter's `KernelArgs` for checked views, that is a kernel of your own on tch
+/// tensors, read and written in place.
+///
+/// The caller's CUDA context is restored after `f`. Without libcuda, the CUDA layer's
+/// `NoDriver`; an ordinal above 127, [`Error::OrdinalOutOfRange`].
+///
+/// ```no_run
+/// # fn demo(x: &tch::Tensor, y: &tch::Tensor, f: &cudarc::driver::CudaFunction)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// use cudarc::driver::{LaunchConfig, PushKernelArg};
+/// let (xt, yt) = (tensorbridge_tch::from_tch(x)?, tensorbridge_tch::from_tch(y)?);
+/// tensorbridge_tch::with_current_stream(0, |stream| {
+///     let args = tensorbridge_cudarc::KernelArgs::new(stream);
+///     let (xv, mut yv) = (args.input::<f32>(&xt)?, args.output::<f32>(&yt)?);
+///     let n = yv.numel() as u32;
+///     // SAFETY: `f` is `(const float*, float*, unsigned)` over `n` contiguous floats.
+///     unsafe { stream.launch_builder(f).arg(&xv).arg(&mut yv).arg(&n)
+///         .launch(LaunchConfig::for_num_elems(n))? };
+///     Ok::<(), tensorbridge_cudarc::Error>(())
+/// })??;
+/// // libtorch's next operations on y run after the kernel, on the same stream.
+/// # Ok(()) }
+/// ```
+pub fn with_current_stream<R>(
+    ordinal: u32,
+    f: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaStream>) -> R,
+) -> Result<R, Error> {
+    let index = i8::try_from(ordinal).map_err(|_| Error::OrdinalOutOfRange {
+        device: Device::cuda(ordinal),
+    })?;
+    let stream = current_cuda_stream(index)?;
+    // SAFETY: libtorch's current streams are its default stream (always live) or streams of
+    // its pools, which it never destroys; a stream set from C++ outside the pools must
+    // outlive the work that uses it, which libtorch itself requires. So the stream is live
+    // for the process, and no keeper is needed.
+    Ok(unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, None, f) }?)
+}
+
 /// A tch tensor as a core [`Tensor`], zero-copy: same memory, same shape, strides in
 /// elements and storage offset (as the byte offset), read-write.
 ///

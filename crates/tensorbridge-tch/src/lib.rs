@@ -10,6 +10,7 @@
 //! | `&tch::Tensor` -> [`Tensor`] | [`from_tch`] | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
 //! | [`Tensor`] -> `tch::Tensor` | [`to_tch`], [`to_tch_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
 //! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
+//! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
 //!
 //! ```
 //! use tensorbridge::Tensor;
@@ -99,7 +100,7 @@ pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
 pub use export::{ToTchOptions, to_tch, to_tch_with};
 pub use ffi::{ScalarType, TorchDevice, TorchDeviceType, TorchLayout};
-pub use import::from_tch;
+pub use import::{from_tch, with_current_stream};
 
 /// The tch this crate is built against, for callers who want the same version.
 pub use tch;

@@ -231,6 +231,42 @@ pub enum Error {
     /// Write access to a read-only tensor.
     #[error("the tensor is read-only (expected a writable tensor)")]
     ReadOnly,
+    /// A layout in which two elements may share an address, given where each element must
+    /// have its own (a kernel's in-place output): the check is conservative and refuses
+    /// what it cannot prove free of overlap.
+    #[error(
+        "dimension {dim} (size {size}, stride {stride}) may reach the same addresses as the dimensions inside it, which span {inner} elements (expected a layout in which no two elements share an address: each stride, in increasing magnitude, larger than the span of the smaller ones)"
+    )]
+    SelfOverlap {
+        /// The dimension whose stride is too small.
+        dim: usize,
+        /// Its size.
+        size: i64,
+        /// Its stride in elements.
+        stride: i64,
+        /// The elements the dimensions with smaller strides reach (inclusive span).
+        inner: i64,
+    },
+    /// Two tensors of one call whose bytes overlap, where one of them is written.
+    #[error(
+        "argument {written} is written but its bytes [{written_lo:#x}, {written_hi:#x}) overlap those of argument {other}, [{other_lo:#x}, {other_hi:#x}) on {device} (expected an output disjoint from every other argument; pass a separate tensor, or a copy)"
+    )]
+    Aliased {
+        /// The written argument's position.
+        written: usize,
+        /// Its first byte.
+        written_lo: usize,
+        /// One past its last byte.
+        written_hi: usize,
+        /// The other argument's position.
+        other: usize,
+        /// Its first byte.
+        other_lo: usize,
+        /// One past its last byte.
+        other_hi: usize,
+        /// The device both are on.
+        device: Device,
+    },
     /// An index with the wrong rank or out of bounds.
     #[error("index {index:?} is out of bounds for shape {shape:?}")]
     IndexOutOfBounds {

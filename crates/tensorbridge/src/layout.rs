@@ -280,7 +280,46 @@ impl Layout {
                 0 => Ok(()),
                 byte_offset => Err(Error::NonZeroByteOffset { byte_offset }),
             },
+            Constraint::NonOverlapping => self.first_overlap().map_or(Ok(()), |(dim, inner)| {
+                Err(Error::SelfOverlap {
+                    dim,
+                    size: self.shape[dim],
+                    stride: self.strides[dim],
+                    inner,
+                })
+            }),
         }
+    }
+
+    /// Whether no two elements share an address, proven by the sufficient condition of
+    /// [`Constraint::NonOverlapping`]. Conservative: a few exotic layouts that do not overlap
+    /// (strides that interleave without colliding) are reported as overlapping.
+    pub fn is_non_overlapping(&self) -> bool {
+        self.first_overlap().is_none()
+    }
+
+    /// `(dim, inner)`: the first dimension, by increasing stride magnitude, whose stride does
+    /// not exceed the span `inner` (in elements) the dimensions with smaller strides reach.
+    ///
+    /// When every stride exceeds that span, the offset `sum(i_d * s_d)` determines every
+    /// index (as digits of a mixed-radix number do), so no two elements share an address.
+    fn first_overlap(&self) -> Option<(usize, i64)> {
+        let mut dims: SmallVec<[usize; INLINE_DIMS]> = self.significant_dims().collect();
+        dims.sort_unstable_by_key(|&d| (self.strides[d].unsigned_abs(), d));
+        // The sum of |stride| * (size - 1) is the reach's width, which validation bounded.
+        let mut inner: i64 = 0;
+        for d in dims {
+            let stride = self.strides[d].unsigned_abs();
+            if stride <= inner.unsigned_abs() {
+                return Some((d, inner));
+            }
+            inner = inner.saturating_add(
+                i64::try_from(stride)
+                    .unwrap_or(i64::MAX)
+                    .saturating_mul(self.shape[d] - 1),
+            );
+        }
+        None
     }
 
     /// Checks every restriction in `constraints`, failing on the first one broken.
@@ -497,6 +536,12 @@ pub enum Constraint {
     NoBroadcast,
     /// `byte_offset` must be 0 (consumers that ignore it, PROTOCOLS.md pitfall 13).
     ZeroByteOffset,
+    /// No two elements at the same address (a kernel's in-place output, which every thread
+    /// writes without atomics): each stride, taken in increasing magnitude over the
+    /// dimensions of size > 1, is larger than the span the smaller ones reach. Broadcasts
+    /// (stride 0) and overlapping strides (`as_strided`, sliding windows) are refused; so,
+    /// conservatively, are the rare interleaved layouts that never collide.
+    NonOverlapping,
 }
 
 #[cfg(test)]

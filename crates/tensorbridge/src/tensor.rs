@@ -281,6 +281,41 @@ impl Descriptor {
         lo..hi
     }
 
+    /// Refuses `self`, argument `index` of a call that writes it, when its bytes overlap
+    /// those of `other`, argument `other_index` of the same call ([`Error::Aliased`]).
+    ///
+    /// Spans are compared, not elements: two interleaved views of one buffer (the even and
+    /// the odd elements) are refused although they share no element. Tensors without
+    /// elements overlap nothing; memory of devices without addresses (handles) cannot be
+    /// compared and is taken as disjoint when the devices differ, compared as offsets
+    /// otherwise. Host and device addresses are one address space under CUDA's unified
+    /// addressing, so CUDA, pinned and managed memory are compared whatever their devices.
+    pub fn check_disjoint(
+        &self,
+        index: usize,
+        other: &Descriptor,
+        other_index: usize,
+    ) -> Result<(), Error> {
+        let comparable = (self.device.kind.has_addresses() && other.device.kind.has_addresses())
+            || self.device == other.device;
+        if !comparable || self.numel() == 0 || other.numel() == 0 {
+            return Ok(());
+        }
+        let (a, b) = (self.byte_span(), other.byte_span());
+        if a.start < b.end && b.start < a.end {
+            return Err(Error::Aliased {
+                written: index,
+                written_lo: a.start,
+                written_hi: a.end,
+                other: other_index,
+                other_lo: b.start,
+                other_hi: b.end,
+                device: self.device,
+            });
+        }
+        Ok(())
+    }
+
     /// The span's bytes relative to element 0, `[lo, hi)`.
     #[inline]
     pub fn byte_span_from_first(&self) -> (i64, i64) {

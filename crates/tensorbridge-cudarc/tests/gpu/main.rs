@@ -10,6 +10,7 @@
 // Tests fail through assertions; `Result` only carries driver errors out with their context.
 #![allow(clippy::panic_in_result_fn)]
 
+mod borrowed;
 mod contexts;
 mod devices;
 mod dtypes;

@@ -2,5 +2,6 @@
 //! `tests/gpu` (feature `gpu-tests`). One module per area.
 
 mod dtypes;
+mod kernel;
 mod layout;
 mod messages;

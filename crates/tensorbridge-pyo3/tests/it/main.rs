@@ -8,6 +8,7 @@
 
 mod capsules;
 mod import;
+mod kernel;
 mod python_api;
 
 use pyo3::prelude::*;

@@ -37,6 +37,14 @@ def test_cudarc_buffer_to_torch():
     assert r["sum"] == (1 << 20) * ((1 << 20) - 1) / 2
 
 
+def test_own_kernel_on_torch_tensors():
+    pytest.importorskip("tensorbridge_example", reason="the example extension is not built")
+    pytest.importorskip("torch")
+    r = importlib.import_module("torch_own_kernel").main()
+    assert r["busy"], "axpy waited on the host for the stream"
+    assert "overlap" in r["refused"]
+
+
 def test_demo_on_the_gpu():
     demo = importlib.import_module("demo")
     out = io.StringIO()

@@ -14,6 +14,7 @@
 #![allow(clippy::panic_in_result_fn)]
 
 mod handoff;
+mod kernel;
 mod release;
 mod roundtrip;
 

@@ -2,6 +2,7 @@
 
 mod layout;
 mod names;
+mod overlap;
 mod ownership;
 mod validation;
 mod views;

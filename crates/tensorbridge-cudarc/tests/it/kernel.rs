@@ -1,0 +1,69 @@
+//! Kernel helpers without a GPU: NVRTC's absence is an error (cudarc would panic), the
+//! kernel layout's C struct and rank limit.
+
+use tensorbridge_cudarc::{Error, KERNEL_LAYOUT_CUDA, KernelLayout, MAX_KERNEL_RANK, ptx};
+
+#[test]
+fn nvrtc_missing_or_present_never_panics() {
+    let src = "extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }";
+    match ptx(src, "k") {
+        Ok(p) => assert!(tensorbridge_cudarc::nvrtc_present() && p.to_src().contains(".entry k")),
+        Err(e) => {
+            assert!(!tensorbridge_cudarc::nvrtc_present());
+            assert!(matches!(e, Error::NoNvrtc), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                "cannot compile CUDA kernels: libnvrtc could not be loaded (expected the CUDA toolkit's libnvrtc.so on the library path, e.g. /usr/local/cuda/lib64, or the nvidia-cuda-nvrtc wheel)"
+            );
+        }
+    }
+}
+
+#[test]
+fn kernel_layout_is_the_c_struct() {
+    // 8 extents, 8 strides, rank, padding: what `tb_layout` declares.
+    assert_eq!(std::mem::size_of::<KernelLayout>(), 8 * 8 * 2 + 8);
+    assert_eq!(std::mem::align_of::<KernelLayout>(), 8);
+    assert!(KERNEL_LAYOUT_CUDA.contains("long long shape[8];"));
+    assert!(KERNEL_LAYOUT_CUDA.contains("long long strides[8];"));
+    let l = KernelLayout::new(&[3, 4], &[1, 3]).unwrap();
+    assert_eq!(l.rank, 2);
+    assert_eq!(&l.shape[..3], &[3, 4, 1]);
+    assert_eq!(&l.strides[..3], &[1, 3, 0]);
+}
+
+#[test]
+fn kernel_layout_rank_limit() {
+    let shape = [1i64; MAX_KERNEL_RANK + 1];
+    let err = KernelLayout::new(&shape, &shape).unwrap_err();
+    assert!(
+        matches!(err, Error::RankTooLarge { rank: 9, max: 8 }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the tensor has 9 dimensions but a kernel layout holds at most 8 (expected a tensor of rank <= 8; reshape or make it contiguous and flatten it)"
+    );
+    assert!(KernelLayout::new(&shape[..8], &shape[..8]).is_ok());
+}
+
+#[test]
+fn driver_errors_convert_with_question_mark() {
+    fn f() -> Result<(), Error> {
+        Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        ))?;
+        Ok(())
+    }
+    let e = f().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Cuda(tensorbridge_cuda::Error::Driver {
+                call: "(a cudarc call)",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+}
