@@ -1,5 +1,5 @@
 //! `tensorbridge_example`: the extension the cookbook's Rust recipes describe
-//! (`crates/tensorbridge-python/examples/COOKBOOK.md`), built so that those recipes are
+//! (README.md, "Cookbook"), built so that those recipes are
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through

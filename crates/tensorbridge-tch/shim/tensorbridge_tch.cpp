@@ -11,7 +11,7 @@
 // the caller frees with `tb_tch_free_error`. `at::Tensor*` is what tch calls `C_tensor*`: a heap
 // `at::Tensor` (`torch::Tensor` is the same type).
 //
-// Only ATen and c10 headers: `<torch/torch.h>` costs ~15 s per build (BUILD.md).
+// Only ATen and c10 headers: `<torch/torch.h>` costs ~15 s per build (measured).
 
 #include <ATen/DLConvertor.h>
 #include <ATen/core/Tensor.h>

@@ -60,7 +60,7 @@ struct Release {
 /// libtorch's caching allocator does for its own blocks: kernels libtorch enqueued there
 /// may still read the memory.
 ///
-/// Never unwinds into libtorch: if dropping the owner panics (owners must not, STYLE.md) the
+/// Never unwinds into libtorch: if dropping the owner panics (owners must not: a panicking drop is a bug) the
 /// process aborts here, which is also what Rust does for a panic that reaches `extern "C"`.
 ///
 /// # Safety

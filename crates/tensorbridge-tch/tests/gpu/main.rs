@@ -31,7 +31,7 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// Device `ordinal`'s primary context, after checking that libcuda loads (cudarc panics
 /// otherwise) and that libtorch sees CUDA (it does not when the link dropped
-/// `libtorch_cuda.so`: BUILD.md gotcha 3).
+/// `libtorch_cuda.so`: docs/BUILDING.md, "libtorch").
 fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     ensure!(
         tensorbridge_cuda::driver_present(),
