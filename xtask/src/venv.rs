@@ -183,4 +183,3 @@ pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
 fn python3() -> OsString {
     env::var_os("PYTHON").unwrap_or_else(|| "python3".into())
 }
-
