@@ -32,7 +32,7 @@ fn ramp(py: Python<'_>, n: usize) -> PyResult<Bound<'_, PyAny>> {
     // Zero-copy: the slice moves into the tensor's owner; its stream is where the data is
     // ready, and the owner keeps that stream alive.
     let tensor = tensorbridge_cudarc::import(slice).map_err(|e| to_py_err(e.error()))?;
-    tensorbridge_pyo3::into_py(py, tensor)
+    tensorbridge_pyo3::export(py, tensor)
 }
 
 /// The module.

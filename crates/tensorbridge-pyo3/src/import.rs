@@ -24,7 +24,7 @@ use crate::view::View;
 /// The DLPack version this crate asks producers for.
 const MAX_VERSION: (u32, u32) = (1, 3);
 
-/// Imports `obj`, zero-copy; see [`crate::extract_on`] for the order and the contract.
+/// Imports `obj`, zero-copy; see [`crate::import_on_raw`] for the order and the contract.
 ///
 /// # Safety
 /// 1. `stream`, when it names a stream (neither `None` nor `-1`), is a live stream of the

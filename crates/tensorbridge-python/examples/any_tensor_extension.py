@@ -1,7 +1,7 @@
 """Recipe: a Rust extension function that takes any framework's tensor (Python side).
 
 The Rust side (README.md, "Cookbook"; built as crates/tensorbridge-example) declares its
-argument as `tensorbridge_pyo3::AnyTensor`; PyO3 then runs `tensorbridge_pyo3::extract` on whatever Python passes: the DLPack C exchange API
+argument as `tensorbridge_pyo3::AnyTensor`; PyO3 then runs `tensorbridge_pyo3::import` on whatever Python passes: the DLPack C exchange API
 (PyTorch), `__dlpack__`, a DLPack capsule, the CUDA Array Interface, NumPy's array interface
 or the buffer protocol, zero-copy, keeping the producer alive for as long as Rust holds the
 tensor. `tensorbridge.asview` is the same import, exposed to Python, so this script runs the
@@ -23,7 +23,7 @@ import tensorbridge as tb
 
 def total_standin(x):
     """What the Rust `total(x: AnyTensor) -> f32` does: view, check, read, no copy."""
-    v = tb.asview(x)  # = tensorbridge_pyo3::extract(x)
+    v = tb.asview(x)  # = tensorbridge_pyo3::import(x)
     if v.device != "cpu" or v.dtype != "float32":
         raise TypeError(f"expected a float32 host tensor, found {v.dtype} on {v.device}")
     return float(np.asarray(v).sum(dtype=np.float64))

@@ -62,14 +62,14 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
 /// ```
 /// let t = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([2, 3]);
 /// let col = t.narrow(1, 1, 1); // a view libtorch made: offset 1, strides [3, 1]
-/// let shared = tensorbridge_tch::from_tch(&col)?;
+/// let shared = tensorbridge_tch::import(&col)?;
 /// assert_eq!(shared.shape(), [2, 1]);
 /// assert_eq!(shared.byte_offset(), 4); // the storage offset, in bytes
 /// assert_eq!(shared.data_ptr(), col.data_ptr() as usize); // the same memory
 /// assert_eq!(shared.host_view::<f32>()?.to_contiguous(), [2.0, 5.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
+pub fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
     let info = describe(t)?;
     if info.defined == 0 {
         return Err(Error::Undefined);
