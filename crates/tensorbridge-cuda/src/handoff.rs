@@ -647,7 +647,7 @@ pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
 
 /// Makes work submitted to a cudarc stream after this call wait, on the GPU, until `tensor`'s
 /// data is ready: [`make_ready_on_raw`] for a cudarc stream, safe because the stream is live for
-/// the call by construction. Views ([`view`](crate::view)) call it.
+/// the call by construction. The cudarc adapter's views call it.
 ///
 /// The stream's default-stream sentinels (cudarc's null and per-thread streams) are resolved
 /// in the stream's own context, which need not be the device's primary context, and the
@@ -717,7 +717,7 @@ fn primary_name(stream: &CudaStream) -> Result<Option<Stream>, Error> {
 }
 
 /// Where data produced on a cudarc stream becomes ready: [`Ready::Stream`] of it when a raw
-/// handle names it unambiguously ([`primary_name`]), a [`CudaSignal`] recorded on it now
+/// handle names it unambiguously (`primary_name`), a [`CudaSignal`] recorded on it now
 /// otherwise (which then names no stream).
 ///
 /// The result names `stream` (directly, or as the signal's producer) only as a stream of its

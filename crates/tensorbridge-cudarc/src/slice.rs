@@ -328,7 +328,7 @@ impl<S: Source> Lent<S> {
     }
 
     /// Orders `consumer` after the buffer's pending work, on the GPU
-    /// ([`make_ready_on`](crate::make_ready_on)), and remembers it, as views
+    /// ([`make_ready_on`](tensorbridge_cuda::make_ready_on)), and remembers it, as views
     /// do, so that the buffer's stream waits for its work when the scope ends. Safe: the
     /// stream is live for the call by construction.
     pub fn make_ready_on(&self, consumer: &Arc<CudaStream>) -> Result<(), Error> {
@@ -339,14 +339,14 @@ impl<S: Source> Lent<S> {
     }
 
     /// Orders `consumer`, a raw stream, after the buffer's pending work, on the GPU
-    /// ([`crate::make_ready_on_raw`]). Unlike [`make_ready_on`](Lent::make_ready_on),
+    /// ([`tensorbridge_cuda::make_ready_on_raw`]). Unlike [`make_ready_on`](Lent::make_ready_on),
     /// it cannot remember the stream: [`join_raw`](Lent::join_raw) it after its work is enqueued.
     ///
     /// # Safety
     /// The caller guarantees:
     /// 1. `consumer` is a live stream on the buffer's device for the duration of the call:
     ///    the handle of a stream of that device's primary context that has not been
-    ///    destroyed, or a default stream ([`crate::make_ready_on_raw`]'s obligation 1).
+    ///    destroyed, or a default stream ([`tensorbridge_cuda::make_ready_on_raw`]'s obligation 1).
     pub unsafe fn make_ready_on_raw(&self, consumer: Stream) -> Result<(), Error> {
         // SAFETY: our caller's obligation 1 is `make_ready_on_raw`'s, for the tensor that
         // describes the buffer (on the buffer's device).

@@ -15,7 +15,7 @@ use crate::{CudaElement, Error};
 /// What a view does for its memory when dropped.
 pub(crate) enum Release {
     /// Keep a clone of the tensor's owner until the device has finished the work enqueued on
-    /// the view's stream so far ([`crate::reclaim`]).
+    /// the view's stream so far ([`tensorbridge_cuda::reclaim`]).
     Retire,
     /// Nothing: the memory is borrowed, and the scope that holds the borrow orders its next
     /// use after the view's stream ([`crate::lend`]).
@@ -39,7 +39,7 @@ enum Guard {
 ///
 /// The view borrows the tensor, so the tensor (and its owner) outlives it on the host. When
 /// it is dropped, the memory is kept alive on the device too: a clone of the owner is held
-/// until the work enqueued on the view's stream so far has finished ([`crate::reclaim`]).
+/// until the work enqueued on the view's stream so far has finished ([`tensorbridge_cuda::reclaim`]).
 /// (Views of a [`Lent`](crate::Lent) buffer leave that to the end of the
 /// [`lend`](crate::lend) scope.)
 pub struct DeviceView<'t, T> {
@@ -65,9 +65,9 @@ pub struct DeviceViewMut<'t, T> {
 /// A read-only view of `tensor` for cudarc launches on `stream`.
 ///
 /// Checks that the memory is CUDA device memory on the stream's device (or managed memory),
-/// and that `T` is the tensor's dtype; then reclaims finished owners ([`crate::reclaim`]) and
+/// and that `T` is the tensor's dtype; then reclaims finished owners ([`tensorbridge_cuda::reclaim`]) and
 /// enqueues on `stream` the GPU-side wait for the tensor's readiness
-/// ([`make_ready_on`](crate::make_ready_on)). Never blocks the host (but see
+/// ([`make_ready_on`](tensorbridge_cuda::make_ready_on)). Never blocks the host (but see
 /// there for signals of other adapters).
 ///
 /// Safe: `stream` is a cudarc stream, live by construction, and the tensor's own readiness
