@@ -1,12 +1,12 @@
 //! tch (libtorch): `Tensor` -> `tch::Tensor` and back, ranks 1, 4 and 8, next to tch's own
 //! calls on the same memory, in the same groups so one run compares them.
 //!
-//! - `tch/to_tch`: ours is `to_tch` (the owner cloned into a boxed context, one shim call:
+//! - `tch/export`: ours is `tensorbridge_tch::export` (the owner cloned into a boxed context, one shim call:
 //!   `at::for_blob` with that context and its deleter, a heap `at::Tensor`), then dropping the
 //!   tch tensor (libtorch frees the storage and calls the deleter, which drops the clone).
 //!   tch's is `Tensor::from_blob` over the same pointer, shape and strides (no deleter: the
 //!   caller keeps the memory alive by hand), then drop.
-//! - `tch/from_tch`: ours is `from_tch` (one shim call describing the tensor, the core's
+//! - `tch/import`: ours is `tensorbridge_tch::import` (one shim call describing the tensor, the core's
 //!   validation, a shallow clone as owner, an `Arc`), then drop. tch's is what reading the
 //!   same facts costs through its own API: `data_ptr()`, `size()` and `stride()` (no
 //!   validation, no keep-alive).
@@ -19,7 +19,6 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tch::{Device, Kind};
 use tensorbridge::Tensor;
-use tensorbridge_tch::{from_tch, to_tch};
 
 const RANKS: [usize; 4] = [1, 2, 4, 8];
 
@@ -27,8 +26,8 @@ fn shape(rank: usize) -> Vec<i64> {
     (0..rank).map(|d| 2 + (d % 3) as i64).collect()
 }
 
-fn to_tch_group(c: &mut Criterion) {
-    let mut group = c.benchmark_group("tch/to_tch");
+fn export_group(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tch/export");
     for rank in RANKS {
         let shape = shape(rank);
         let numel: i64 = shape.iter().product();
@@ -36,7 +35,11 @@ fn to_tch_group(c: &mut Criterion) {
         let strides = tensor.strides_elems().to_vec();
         group.bench_function(
             BenchmarkId::new("tensorbridge", format!("rank{rank}")),
-            |b| b.iter(|| black_box(to_tch(black_box(&tensor)).expect("convertible"))),
+            |b| {
+                b.iter(|| {
+                    black_box(tensorbridge_tch::export(black_box(&tensor)).expect("convertible"))
+                })
+            },
         );
         let ptr = tensor.data_ptr() as *const u8;
         group.bench_function(
@@ -61,13 +64,17 @@ fn to_tch_group(c: &mut Criterion) {
     group.finish();
 }
 
-fn from_tch_group(c: &mut Criterion) {
-    let mut group = c.benchmark_group("tch/from_tch");
+fn import_group(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tch/import");
     for rank in RANKS {
         let torch = tch::Tensor::ones(shape(rank), (Kind::Float, Device::Cpu));
         group.bench_function(
             BenchmarkId::new("tensorbridge", format!("rank{rank}")),
-            |b| b.iter(|| black_box(from_tch(black_box(&torch)).expect("shareable"))),
+            |b| {
+                b.iter(|| {
+                    black_box(tensorbridge_tch::import(black_box(&torch)).expect("shareable"))
+                })
+            },
         );
         group.bench_function(
             BenchmarkId::new("tch_ptr_size_stride", format!("rank{rank}")),
@@ -82,5 +89,5 @@ fn from_tch_group(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, to_tch_group, from_tch_group);
+criterion_group!(benches, export_group, import_group);
 criterion_main!(benches);

@@ -1,6 +1,6 @@
 //! Compiles the C++ shim against the libtorch that torch-sys found, and gives every binary
 //! of this package (lib tests, integration tests, doctests) what it needs to load libtorch
-//! at run time (BUILD.md, "libtorch (tch) gotchas" 2 to 4):
+//! at run time (docs/BUILDING.md, "libtorch"):
 //! - an rpath to libtorch's `lib` directory: torch-sys sets none, and the pip wheel's
 //!   libraries are not on the loader's path;
 //! - `--no-as-needed -ltorch`: `--as-needed` would drop `libtorch.so`, and with it

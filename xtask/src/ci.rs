@@ -76,7 +76,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     // members, and `--all-features` turns on the benches' `tch` feature, which links
     // libtorch too, so exclusions would have to cover the benches as well and would take
     // their tch bench out of clippy. One environment for all commands also builds torch-sys
-    // once: its build script reruns whenever `LIBTORCH` changes (BUILD.md gotcha 1).
+    // once: its build script reruns whenever `LIBTORCH` changes (docs/BUILDING.md, "libtorch").
     let torch_cargo = || with_libtorch(cargo(), &libtorch);
     steps.cmd(
         "clippy",

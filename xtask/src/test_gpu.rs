@@ -1,6 +1,6 @@
 //! `cargo xtask test-gpu [--bundle DIR] [-- ARGS...]`: the GPU test suite, run here or
-//! packed into a bundle for a GPU machine without a Rust toolchain (BUILD.md, "The GPU
-//! machine").
+//! packed into a bundle for a GPU machine without a Rust toolchain (docs/BUILDING.md, "The GPU
+//! bundle").
 
 use std::fs;
 use std::io::ErrorKind;

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{Steps, root, run_status};
+use crate::{Steps, root};
 
 /// The requirements file, relative to the workspace root.
 const REQUIREMENTS: &str = "python/requirements.txt";
@@ -171,8 +171,8 @@ pub(crate) fn ensure(steps: &mut Steps) -> Result<Venv> {
 }
 
 /// `cmd` (a cargo command) with `LIBTORCH` set to `libtorch`, a torch installation
-/// ([`Venv::torch_dir`]): how torch-sys, and so tensorbridge-tch, find libtorch (BUILD.md
-/// gotcha 1). Give every cargo command of a task the same value: torch-sys rebuilds when it
+/// ([`Venv::torch_dir`]): how torch-sys, and so tensorbridge-tch, find libtorch (docs/BUILDING.md,
+/// "libtorch"). Give every cargo command of a task the same value: torch-sys rebuilds when it
 /// changes.
 pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
     cmd.env("LIBTORCH", libtorch);
@@ -182,11 +182,4 @@ pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
 /// The interpreter that creates the environment: `$PYTHON`, or `python3`.
 fn python3() -> OsString {
     env::var_os("PYTHON").unwrap_or_else(|| "python3".into())
-}
-
-/// Runs `cmd` inside the environment: a convenience for tasks.
-#[allow(dead_code)] // Used by the tasks that land with the tch and Python crates.
-pub(crate) fn run_in(venv: &Venv, cmd: &mut Command) -> Result<()> {
-    venv.activate(cmd);
-    run_status(cmd)
 }

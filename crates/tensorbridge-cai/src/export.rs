@@ -22,7 +22,8 @@ fn common(desc: &Descriptor) -> Result<Common, Error> {
     Ok(Common {
         typestr,
         shape: desc.shape().to_vec(),
-        // Never `None`: no consumer has to work out C order (PROTOCOLS.md pitfall 10). Whole
+        // Never `None`: no consumer has to work out C order (several consumers mishandle
+        // absent strides). Whole
         // bytes: every dtype with a typestr has whole-byte elements.
         strides: desc.strides_bytes()?,
         // The CAI has no offset key, and the array interface's applies only to buffers.

@@ -11,7 +11,8 @@
 //! | [`Tensor`] -> CAI | [`CudaArrayInterface::export`] | zero-copy | the producer stream (`None` when there is no pending work) |
 //! | [`Tensor`] -> array interface | [`ArrayInterface::export`] | zero-copy | none: tensors with pending work are refused |
 //!
-//! Both directions follow the interfaces' rules (PROTOCOLS.md sections 3 to 5) and validate
+//! Both directions follow the interfaces' rules (docs/PROTOCOLS.md, "CUDA Array
+//! Interface") and validate
 //! through the core: strides count **bytes** here and elements in the core; absent strides
 //! mean C order; data 0 only for zero-size arrays; the stream integers map through
 //! [`tensorbridge::stream_from_wire`] / [`tensorbridge::stream_to_wire`].

@@ -50,8 +50,8 @@ pub(crate) struct ExportCtx<M> {
 /// The deleter of every managed tensor we export: frees the context, which drops the owner
 /// clone (and with it the exported memory, if that was the last user).
 ///
-/// Never unwinds into the consumer: if dropping the owner panics (owners must not, see
-/// STYLE.md) the process aborts here, which is also what Rust does for any panic that
+/// Never unwinds into the consumer: if dropping the owner panics (owners must not: a
+/// panicking drop is a bug) the process aborts here, which is also what Rust does for any panic that
 /// reaches an `extern "C"` boundary.
 ///
 /// # Safety
@@ -224,7 +224,7 @@ impl<M> OwnExport<M> {
 const _: () = {
     // The import path reads `version` first, and for a foreign major version nothing but
     // `version` and `deleter` (DLPack 1.x keeps every field up to `flags` where it is across
-    // majors, PROTOCOLS.md section 1.2).
+    // majors, as the DLPack 1.x header promises).
     assert!(offset_of!(DLManagedTensorVersioned, version) == 0);
     assert!(size_of::<DLPackVersion>() == 8);
     assert!(
@@ -250,7 +250,7 @@ const _: () = {
     assert!(offset_of!(ExportCtx<DLManagedTensor>, managed) == 0);
 };
 
-// The offsets PROTOCOLS.md sections 1.6 to 1.8 give for 64-bit targets (measured with gcc
+// The offsets of the DLPack 1.3 header's structs on 64-bit targets (measured with gcc
 // against the C header), restated so a dlpark upgrade that moved a field fails to compile.
 #[cfg(target_pointer_width = "64")]
 const _: () = {

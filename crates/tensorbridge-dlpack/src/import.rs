@@ -101,7 +101,8 @@ pub unsafe fn import_versioned(
         let deleter = unsafe { deleter_field.read() };
         if let Some(deleter) = deleter {
             // SAFETY: we own the tensor (obligation 2) and call its deleter once, as the
-            // DLPack header requires for a major version mismatch (PROTOCOLS.md 1.2).
+            // DLPack header requires for a major version mismatch (docs/PROTOCOLS.md,
+            // "Versions").
             unsafe { deleter(ptr) };
         }
         return Err(ImportError::released(Error::UnsupportedMajorVersion {
@@ -307,8 +308,8 @@ impl<M: ManagedTensorBase> Drop for ManagedOwner<M> {
 
 // SAFETY: the owner does one thing, calling the producer's deleter once from whichever
 // thread drops it (the tensor's last clone may be dropped anywhere). DLPack allows that:
-// deleters may run on any thread (PROTOCOLS.md section 1.10: Python producers' deleters "may
-// run on any thread" and take the GIL themselves), and the import contract says so
+// deleters may run on any thread (the DLPack header: deleters may be
+// called from any thread; Python producers' deleters take the GIL themselves), and the import contract says so
 // (obligation 1 of `import_versioned` and `import_legacy`). Nothing else reads the struct
 // after the import.
 unsafe impl<M: ManagedTensorBase> Send for ManagedOwner<M> {}

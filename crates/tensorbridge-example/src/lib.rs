@@ -1,5 +1,5 @@
 //! `tensorbridge_example`: the extension the cookbook's Rust recipes describe
-//! (`crates/tensorbridge-python/examples/COOKBOOK.md`), built so that those recipes are
+//! (README.md, "Cookbook"), built so that those recipes are
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through
@@ -42,7 +42,7 @@ fn ramp(py: Python<'_>, n: usize) -> Result<Bound<'_, PyAny>, Error> {
     // Zero-copy: the slice moves into the tensor's owner; its stream is where the data is
     // ready, and the owner keeps that stream alive.
     let tensor = tensorbridge_cudarc::import(slice)?;
-    Ok(tensorbridge_pyo3::into_py(py, tensor)?)
+    Ok(tensorbridge_pyo3::export(py, tensor)?)
 }
 
 /// `y[i] += alpha * x[i]` for every index `i` of the shape, each layout read through

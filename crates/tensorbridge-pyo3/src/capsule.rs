@@ -179,7 +179,8 @@ unsafe fn destroy(capsule: *mut ffi::PyObject, fresh: &CStr, free: unsafe fn(*mu
     }
     // SAFETY: attached (obligation 1).
     let py = unsafe { Python::assume_attached() };
-    // A capsule may die while an exception propagates: keep it (PROTOCOLS.md 2.3).
+    // A capsule may die while an exception propagates: keep it (docs/PROTOCOLS.md,
+    // "Capsules").
     let pending = PyErr::take(py);
     // SAFETY: valid with this name (checked above), so this returns the stored pointer
     // without setting an exception.

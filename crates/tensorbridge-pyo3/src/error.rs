@@ -374,7 +374,7 @@ impl From<Error> for PyErr {
             Error::Python(err) => err,
             Error::Core(core) => core_exception(&core, msg),
             // A DLPack producer's device this version cannot name: data the consumer cannot
-            // take (PROTOCOLS.md 2.7).
+            // take (the Python protocol's `BufferError`).
             Error::Dlpack(Dlpack::Core(
                 Core::UnknownDeviceType { .. } | Core::NegativeDeviceId { .. },
             )) => PyBufferError::new_err(msg),

@@ -87,7 +87,8 @@ const PROTOCOL: [&str; 3] = ["__dlpack__", "__dlpack_device__", "__torch_functio
 /// [`Table::Overridden`].
 ///
 /// Remembered per type: the capsule is a type attribute with static,
-/// process-lifetime storage, which consumers may cache per type (PROTOCOLS.md 1.11). Looking
+/// process-lifetime storage, which consumers may cache per type (docs/PROTOCOLS.md, "The
+/// DLPack C exchange API"). Looking
 /// it up costs two failed attribute lookups (two `AttributeError`s raised and cleared, about
 /// a microsecond) for every type without one, CuPy's and NumPy's included, on every import.
 ///

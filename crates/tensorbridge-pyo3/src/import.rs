@@ -24,7 +24,7 @@ use crate::view::View;
 /// The DLPack version this crate asks producers for.
 const MAX_VERSION: (u32, u32) = (1, 3);
 
-/// Imports `obj`, zero-copy; see [`crate::extract_on`] for the order and the contract.
+/// Imports `obj`, zero-copy; see [`crate::import_on_raw`] for the order and the contract.
 ///
 /// # Safety
 /// 1. `stream`, when it names a stream (neither `None` nor `-1`), is a live stream of the
@@ -321,7 +321,7 @@ unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Ten
     Ok(t)
 }
 
-/// The caller's stream (DLPack's CUDA values, as `asview` and [`crate::extract_on`] take
+/// The caller's stream (DLPack's CUDA values, as `asview` and [`crate::import_on_raw`] take
 /// it) as a ROCm producer's `__dlpack__` reads it: `None` and -1 unchanged, the legacy
 /// default stream (`1`) as ROCm's default stream `0`, handles unchanged. CUDA's per-thread
 /// default stream (`2`) has no ROCm value and is refused: ROCm producers read `1` and `2`

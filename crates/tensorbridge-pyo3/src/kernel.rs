@@ -84,7 +84,7 @@ impl KernelCall<'_> {
 /// Runs `f`, which launches your own CUDA kernel, on Python tensors `args`, on the stream
 /// their framework is using now:
 ///
-/// 1. every argument is imported zero-copy ([`crate::extract`]); all must be CUDA (or
+/// 1. every argument is imported zero-copy ([`crate::import`]); all must be CUDA (or
 ///    managed) memory of one device (`ValueError` otherwise: the views refuse);
 /// 2. the stream: the current stream of the first argument that comes from PyTorch
 ///    (through the DLPack C exchange API, so the stream of `with torch.cuda.stream(s)`, or
@@ -118,7 +118,7 @@ fn kernel_call_inner<R>(
 ) -> Result<R> {
     let tensors = args
         .iter()
-        .map(|a| crate::extract(a).map_err(Error::from))
+        .map(|a| crate::import(a).map_err(Error::from))
         .collect::<Result<Vec<Tensor>>>()?;
     // Kernels take device and managed memory only: refused before any stream is looked for.
     if let Some(t) = tensors

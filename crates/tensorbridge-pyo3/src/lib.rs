@@ -1,20 +1,20 @@
 //! Python tensors for PyO3 extension authors, and the `tensorbridge` Python module: any
-//! Python tensor or array becomes a tensorbridge [`Tensor`] without a copy ([`extract`],
+//! Python tensor or array becomes a tensorbridge [`Tensor`] without a copy ([`import`],
 //! [`AnyTensor`]), and any [`Tensor`] becomes a Python object every framework takes
-//! ([`into_py`], [`View`]). The wheel (`crates/tensorbridge-python`) is this crate's
+//! ([`export`], [`View`]). The wheel (`crates/tensorbridge-python`) is this crate's
 //! [`register`] in a `#[pymodule]`.
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | Python -> [`Tensor`] | [`extract`], [`AnyTensor`], `unsafe` [`extract_on`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | [`extract`]: the tensor carries the producer's readiness (its current stream, or the stream its protocol names), nothing is enqueued; [`extract_on`]: the caller's stream is ordered after the producer, on the GPU, and the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
-//! | [`Tensor`] -> Python | [`into_py`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
+//! | Python -> [`Tensor`] | [`import`], [`AnyTensor`], `unsafe` [`import_on_raw`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | [`import`]: the tensor carries the producer's readiness (its current stream, or the stream its protocol names), nothing is enqueued; [`import_on_raw`]: the caller's stream is ordered after the producer, on the GPU, and the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
+//! | [`Tensor`] -> Python | [`export`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
 //! | Python tensors -> your own CUDA kernel | [`kernel_call`] (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing) | zero-copy, in place | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
 //!
 //! # The import order
-//! [`extract`] tries, in this order:
+//! [`import`] tries, in this order:
 //! 1. a [`View`] of this crate (its tensor, as it is);
 //! 2. the DLPack C exchange API of `type(obj)` (`__dlpack_c_exchange_api__`, a DLPack 1.3
 //!    capsule, or `__c_dlpack_exchange_api__`, the 1.2 int), which PyTorch 2.11 publishes:
@@ -93,7 +93,7 @@
 //!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
-//!   [`extract_on`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a consumer, is handed to
+//!   [`import_on_raw`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a consumer, is handed to
 //!   the driver. A handle must name a live stream of the data's device; one that a tensor's
 //!   readiness names must stay alive as long as the tensor does (the CUDA Array Interface's
 //!   own rule for exported streams).
@@ -145,12 +145,12 @@ pub use view::View;
 /// Safe: it trusts the producer's protocol implementation as every consumer does (DLPack
 /// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
 /// streams they name live as long as the framework requires of its users).
-pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     // SAFETY: no stream: only the legacy default stream is named, which is always live.
     Ok(unsafe { import::import(obj, None) }?)
 }
 
-/// [`extract`] for a caller who will use the data on `stream` (DLPack's integer conventions:
+/// [`import`] for a caller who will use the data on `stream` (DLPack's integer conventions:
 /// `None`, `-1` for no synchronisation, `1`, `2`, or a `cudaStream_t` handle; and `0`, what
 /// `torch.cuda.current_stream().cuda_stream` and CuPy's `Stream.null.ptr` are for the
 /// default stream, read as the CUDA runtime reads a null stream: the legacy default stream).
@@ -162,7 +162,7 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 ///    primary context, as PyTorch's, CuPy's and JAX's streams are) during the call, and for
 ///    as long as the returned tensor or a clone of it lives (its readiness may name it);
 ///    `2` (the per-thread default stream) is used only on the calling thread.
-pub unsafe fn extract_on(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
+pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
     // A null `cudaStream_t` is the legacy default stream (DLPack calls 0 ambiguous because a
     // per-thread-default build reads it otherwise; PyTorch and CuPy hand out 0 for their
     // default stream, which is the legacy one in their builds).
@@ -174,7 +174,7 @@ pub unsafe fn extract_on(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResul
     Ok(unsafe { import::import(obj, stream) }?)
 }
 
-/// A function argument that accepts any Python tensor or array ([`extract`]).
+/// A function argument that accepts any Python tensor or array ([`import`]).
 #[derive(Clone, Debug)]
 pub struct AnyTensor(pub Tensor);
 
@@ -182,12 +182,12 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyTensor {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        extract(&obj).map(AnyTensor)
+        import(&obj).map(AnyTensor)
     }
 }
 
 /// A [`View`] of `tensor`, as a Python object: what every framework takes zero-copy.
-pub fn into_py(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
+pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
     Ok(Bound::new(py, View::new(tensor))?.into_any())
 }
 

@@ -23,7 +23,7 @@ use crate::interfaces::{array_to_py, cai_to_py};
 /// the object it came from) alive while the view, or anything made from it, lives.
 ///
 /// Made by `tensorbridge.asview` and `tensorbridge.from_ptr` in Python, and by
-/// [`into_py`](crate::into_py) in Rust. Immutable: every attribute is fixed at creation.
+/// [`export`](crate::export) in Rust. Immutable: every attribute is fixed at creation.
 #[pyclass(module = "tensorbridge", name = "View", frozen)]
 pub struct View {
     tensor: Tensor,

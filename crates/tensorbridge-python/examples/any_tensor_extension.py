@@ -1,14 +1,14 @@
 """Recipe: a Rust extension function that takes any framework's tensor (Python side).
 
-The Rust side (COOKBOOK.md) declares its argument as `tensorbridge_pyo3::AnyTensor`; PyO3
-then runs `tensorbridge_pyo3::extract` on whatever Python passes: the DLPack C exchange API
+The Rust side (README.md, "Cookbook"; built as crates/tensorbridge-example) declares its
+argument as `tensorbridge_pyo3::AnyTensor`; PyO3 then runs `tensorbridge_pyo3::import` on whatever Python passes: the DLPack C exchange API
 (PyTorch), `__dlpack__`, a DLPack capsule, the CUDA Array Interface, NumPy's array interface
 or the buffer protocol, zero-copy, keeping the producer alive for as long as Rust holds the
 tensor. `tensorbridge.asview` is the same import, exposed to Python, so this script runs the
 recipe's Python side against it when the compiled example extension is not installed:
 
 - with the example extension (module `tensorbridge_example`, function `total(x) -> float`,
-  see REQUESTS.md): the real Rust function is called;
+  built by `cargo xtask ci`): the real Rust function is called;
 - without it: `total` below is the stand-in, doing in Python what the Rust function does.
 
     python any_tensor_extension.py
@@ -23,7 +23,7 @@ import tensorbridge as tb
 
 def total_standin(x):
     """What the Rust `total(x: AnyTensor) -> f32` does: view, check, read, no copy."""
-    v = tb.asview(x)  # = tensorbridge_pyo3::extract(x)
+    v = tb.asview(x)  # = tensorbridge_pyo3::import(x)
     if v.device != "cpu" or v.dtype != "float32":
         raise TypeError(f"expected a float32 host tensor, found {v.dtype} on {v.device}")
     return float(np.asarray(v).sum(dtype=np.float64))

@@ -1,8 +1,8 @@
 """Recipe: handing a cudarc buffer to PyTorch (Python side of a Rust extension).
 
-The Rust side (COOKBOOK.md) moves a `cudarc::driver::CudaSlice<f32>` into a tensorbridge
-`Tensor` (`tensorbridge_cudarc::import`: zero-copy, the slice's stream recorded as where
-the data becomes ready) and returns `tensorbridge_pyo3::into_py(py, tensor)`, a `View`.
+The Rust side (README.md, "Cookbook"; built as crates/tensorbridge-example) moves a
+`cudarc::driver::CudaSlice<f32>` into a tensorbridge `Tensor` (`tensorbridge_cudarc::import`: zero-copy, the slice's stream recorded as where
+the data becomes ready) and returns `tensorbridge_pyo3::export(py, tensor)`, a `View`.
 `torch.from_dlpack(view)` then makes torch's current stream wait for cudarc's stream on the
 GPU, and cudarc frees the slice when torch lets go of the tensor.
 

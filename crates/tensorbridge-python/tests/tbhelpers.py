@@ -23,7 +23,7 @@ import textwrap
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------------------------------------
-# DLPack 1.3 structs (dlpack.h). Offsets are asserted below, as PROTOCOLS.md section 1 lists them.
+# DLPack 1.3 structs (dlpack.h). Offsets are asserted below, as the 1.3 header lays them out.
 
 
 class DLDevice(ctypes.Structure):

@@ -41,7 +41,7 @@ LAYOUTS = {
 
 JAX_STRIDES = (Exception, "Only DLPack tensors with trivial \\(compact\\) striding")
 TF_STRIDES = (Exception, "Invalid strides array from DLPack")
-# tensorbridge's own refusal (API.md, REQUESTS.md 1): negative strides never leave through
+# tensorbridge's own refusal (API.md): negative strides never leave through
 # DLPack without copy=True, whoever the consumer is, because torch 2.11 aborts on them.
 TB_NEGATIVE = (BufferError, "(?i)negative")
 
@@ -151,7 +151,7 @@ def test_torch_negative_strides_never_abort(tb, rows):
 
 def test_torch_negative_strides_abort_without_tensorbridge():
     """The control for the test above: NumPy straight into torch does abort. If this starts
-    passing, torch fixed #188023 and the REQUESTS.md note can be retired."""
+    passing, torch fixed #188023 and the refusal above can be reconsidered."""
     pytest.importorskip("torch")
     r = run_isolated(
         "import numpy as np, torch\n"

@@ -102,7 +102,7 @@ def test_array_interface_mask_refused(tb):
 def test_numpy_masked_array_with_masked_elements_is_refused(tb):
     """np.ma.MaskedArray is an ndarray subclass whose inherited ``__dlpack__`` and
     ``__array_interface__`` describe the data only: a consumer would read the masked-out
-    values as if valid. tensorbridge refuses a masked array that hides elements (REQUESTS.md 3)."""
+    values as if valid. tensorbridge refuses a masked array that hides elements."""
     ma = np.ma.array([1.0, 2.0, 3.0], mask=[False, True, False])
     with pytest.raises(ValueError, match="(?i)mask"):
         tb.asview(ma)

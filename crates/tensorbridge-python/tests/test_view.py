@@ -171,8 +171,8 @@ def test_readonly_into_legacy_only_consumers_is_refused(tb, arr):
 
 
 def test_readonly_into_torch_is_not_enforced_by_torch(tb, arr):
-    """torch 2.11 has no read-only tensors and ignores DLPack's READ_ONLY flag (PEERS.md,
-    "nobody enforces it end to end"): the import succeeds and shares memory. This records the
+    """torch 2.11 has no read-only tensors and ignores DLPack's READ_ONLY flag (no
+    framework enforces it end to end today): the import succeeds and shares memory. This records the
     behaviour; tensorbridge sets the flag (checked above) and cannot do more."""
     torch = pytest.importorskip("torch")
     arr.flags.writeable = False

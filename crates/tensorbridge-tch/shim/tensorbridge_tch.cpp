@@ -1,6 +1,6 @@
 // The C++ side of tensorbridge-tch: the few libtorch calls tch 0.24 does not expose.
 //
-//  - tb_tch_describe:       everything `from_tch` needs of a tensor, in one call;
+//  - tb_tch_describe:       everything `tensorbridge_tch::import` needs of a tensor, in one call;
 //  - tb_tch_current_stream: libtorch's current stream of a device, as a raw handle;
 //  - tb_tch_from_blob:      `at::for_blob` with a context and its deleter, which libtorch calls
 //                           exactly once, when the storage is freed (tch's `from_blob` has none);
@@ -11,7 +11,7 @@
 // the caller frees with `tb_tch_free_error`. `at::Tensor*` is what tch calls `C_tensor*`: a heap
 // `at::Tensor` (`torch::Tensor` is the same type).
 //
-// Only ATen and c10 headers: `<torch/torch.h>` costs ~15 s per build (BUILD.md).
+// Only ATen and c10 headers: `<torch/torch.h>` costs ~15 s per build (measured).
 
 #include <ATen/DLConvertor.h>
 #include <ATen/core/Tensor.h>

@@ -18,45 +18,90 @@
 //! on the way to libtorch.
 
 use tch::Kind;
-use tensorbridge::{DType, DTypeCode};
+use tensorbridge::DType;
 
 use crate::{Error, ScalarType};
 
-/// A dtype the DLPack header allows (so [`DType::new`] cannot refuse it).
-fn allowed(code: DTypeCode, bits: u8, lanes: u16) -> DType {
-    DType::new(code, bits, lanes).expect("bits and lanes allowed by the DLPack header")
-}
+/// libtorch's scalar types that have a core dtype, a tch [`Kind`], or both: the one table
+/// every conversion below reads (scalar types not listed have neither).
+const TABLE: &[(ScalarType, Option<DType>, Option<Kind>)] = &[
+    (ScalarType::BYTE, Some(DType::UINT8), Some(Kind::Uint8)),
+    (ScalarType::CHAR, Some(DType::INT8), Some(Kind::Int8)),
+    (ScalarType::SHORT, Some(DType::INT16), Some(Kind::Int16)),
+    (ScalarType::INT, Some(DType::INT32), Some(Kind::Int)),
+    (ScalarType::LONG, Some(DType::INT64), Some(Kind::Int64)),
+    (ScalarType::HALF, Some(DType::FLOAT16), Some(Kind::Half)),
+    (ScalarType::FLOAT, Some(DType::FLOAT32), Some(Kind::Float)),
+    (ScalarType::DOUBLE, Some(DType::FLOAT64), Some(Kind::Double)),
+    (
+        ScalarType::COMPLEX_HALF,
+        Some(DType::COMPLEX32),
+        Some(Kind::ComplexHalf),
+    ),
+    (
+        ScalarType::COMPLEX_FLOAT,
+        Some(DType::COMPLEX64),
+        Some(Kind::ComplexFloat),
+    ),
+    (
+        ScalarType::COMPLEX_DOUBLE,
+        Some(DType::COMPLEX128),
+        Some(Kind::ComplexDouble),
+    ),
+    (ScalarType::BOOL, Some(DType::BOOL), Some(Kind::Bool)),
+    (ScalarType::QINT8, None, Some(Kind::QInt8)),
+    (ScalarType::QUINT8, None, Some(Kind::QUInt8)),
+    (ScalarType::QINT32, None, Some(Kind::QInt32)),
+    (
+        ScalarType::BFLOAT16,
+        Some(DType::BFLOAT16),
+        Some(Kind::BFloat16),
+    ),
+    (
+        ScalarType::FLOAT8_E5M2,
+        Some(DType::FLOAT8_E5M2),
+        Some(Kind::Float8e5m2),
+    ),
+    (
+        ScalarType::FLOAT8_E4M3FN,
+        Some(DType::FLOAT8_E4M3FN),
+        Some(Kind::Float8e4m3fn),
+    ),
+    (
+        ScalarType::FLOAT8_E5M2FNUZ,
+        Some(DType::FLOAT8_E5M2FNUZ),
+        Some(Kind::Float8e5m2fnuz),
+    ),
+    (
+        ScalarType::FLOAT8_E4M3FNUZ,
+        Some(DType::FLOAT8_E4M3FNUZ),
+        Some(Kind::Float8e4m3fnuz),
+    ),
+    (ScalarType::UINT16, Some(DType::UINT16), None),
+    (ScalarType::UINT32, Some(DType::UINT32), None),
+    (ScalarType::UINT64, Some(DType::UINT64), None),
+    (
+        ScalarType::FLOAT8_E8M0FNU,
+        Some(DType::FLOAT8_E8M0FNU),
+        None,
+    ),
+    (
+        ScalarType::FLOAT4_E2M1FN_X2,
+        Some(DType::FLOAT4_E2M1FNX2),
+        None,
+    ),
+];
 
 impl ScalarType {
     /// The core dtype with the same memory meaning, or [`Error::UnsupportedScalarType`]
     /// for scalar types DLPack has no code for (quantized, `Bits*`, sub-byte integers).
     #[inline]
     pub fn to_dtype(self) -> Result<DType, Error> {
-        Ok(match self {
-            ScalarType::BYTE => DType::UINT8,
-            ScalarType::CHAR => DType::INT8,
-            ScalarType::SHORT => DType::INT16,
-            ScalarType::INT => DType::INT32,
-            ScalarType::LONG => DType::INT64,
-            ScalarType::HALF => DType::FLOAT16,
-            ScalarType::FLOAT => DType::FLOAT32,
-            ScalarType::DOUBLE => DType::FLOAT64,
-            ScalarType::COMPLEX_HALF => DType::COMPLEX32,
-            ScalarType::COMPLEX_FLOAT => DType::COMPLEX64,
-            ScalarType::COMPLEX_DOUBLE => DType::COMPLEX128,
-            ScalarType::BOOL => DType::BOOL,
-            ScalarType::BFLOAT16 => DType::BFLOAT16,
-            ScalarType::FLOAT8_E5M2 => DType::FLOAT8_E5M2,
-            ScalarType::FLOAT8_E4M3FN => DType::FLOAT8_E4M3FN,
-            ScalarType::FLOAT8_E5M2FNUZ => allowed(DTypeCode::Float8E5M2Fnuz, 8, 1),
-            ScalarType::FLOAT8_E4M3FNUZ => allowed(DTypeCode::Float8E4M3Fnuz, 8, 1),
-            ScalarType::UINT16 => DType::UINT16,
-            ScalarType::UINT32 => DType::UINT32,
-            ScalarType::UINT64 => DType::UINT64,
-            ScalarType::FLOAT8_E8M0FNU => allowed(DTypeCode::Float8E8M0Fnu, 8, 1),
-            ScalarType::FLOAT4_E2M1FN_X2 => allowed(DTypeCode::Float4E2M1Fn, 4, 2),
-            scalar_type => return Err(Error::UnsupportedScalarType { scalar_type }),
-        })
+        TABLE
+            .iter()
+            .find(|(st, _, _)| *st == self)
+            .and_then(|(_, dtype, _)| *dtype)
+            .ok_or(Error::UnsupportedScalarType { scalar_type: self })
     }
 
     /// The libtorch scalar type for a core dtype: [`Error::SubByte`] for elements smaller
@@ -67,58 +112,20 @@ impl ScalarType {
         if dtype.is_subbyte() {
             return Err(Error::SubByte { dtype });
         }
-        let found = match (dtype.code(), dtype.bits(), dtype.lanes()) {
-            (DTypeCode::UInt, 8, 1) => ScalarType::BYTE,
-            (DTypeCode::Int, 8, 1) => ScalarType::CHAR,
-            (DTypeCode::Int, 16, 1) => ScalarType::SHORT,
-            (DTypeCode::Int, 32, 1) => ScalarType::INT,
-            (DTypeCode::Int, 64, 1) => ScalarType::LONG,
-            (DTypeCode::Float, 16, 1) => ScalarType::HALF,
-            (DTypeCode::Float, 32, 1) => ScalarType::FLOAT,
-            (DTypeCode::Float, 64, 1) => ScalarType::DOUBLE,
-            (DTypeCode::Complex, 32, 1) => ScalarType::COMPLEX_HALF,
-            (DTypeCode::Complex, 64, 1) => ScalarType::COMPLEX_FLOAT,
-            (DTypeCode::Complex, 128, 1) => ScalarType::COMPLEX_DOUBLE,
-            (DTypeCode::Bool, 8, 1) => ScalarType::BOOL,
-            (DTypeCode::Bfloat, 16, 1) => ScalarType::BFLOAT16,
-            (DTypeCode::Float8E5M2, 8, 1) => ScalarType::FLOAT8_E5M2,
-            (DTypeCode::Float8E4M3Fn, 8, 1) => ScalarType::FLOAT8_E4M3FN,
-            (DTypeCode::Float8E5M2Fnuz, 8, 1) => ScalarType::FLOAT8_E5M2FNUZ,
-            (DTypeCode::Float8E4M3Fnuz, 8, 1) => ScalarType::FLOAT8_E4M3FNUZ,
-            (DTypeCode::UInt, 16, 1) => ScalarType::UINT16,
-            (DTypeCode::UInt, 32, 1) => ScalarType::UINT32,
-            (DTypeCode::UInt, 64, 1) => ScalarType::UINT64,
-            (DTypeCode::Float8E8M0Fnu, 8, 1) => ScalarType::FLOAT8_E8M0FNU,
-            (DTypeCode::Float4E2M1Fn, 4, 2) => ScalarType::FLOAT4_E2M1FN_X2,
-            _ => return Err(Error::UnsupportedDType { dtype }),
-        };
-        Ok(found)
+        TABLE
+            .iter()
+            .find(|(_, d, _)| *d == Some(dtype))
+            .map(|(st, _, _)| *st)
+            .ok_or(Error::UnsupportedDType { dtype })
     }
 
     /// The scalar type of a tch [`Kind`] (every kind has one).
     pub fn from_kind(kind: Kind) -> ScalarType {
-        match kind {
-            Kind::Uint8 => ScalarType::BYTE,
-            Kind::Int8 => ScalarType::CHAR,
-            Kind::Int16 => ScalarType::SHORT,
-            Kind::Int => ScalarType::INT,
-            Kind::Int64 => ScalarType::LONG,
-            Kind::Half => ScalarType::HALF,
-            Kind::Float => ScalarType::FLOAT,
-            Kind::Double => ScalarType::DOUBLE,
-            Kind::ComplexHalf => ScalarType::COMPLEX_HALF,
-            Kind::ComplexFloat => ScalarType::COMPLEX_FLOAT,
-            Kind::ComplexDouble => ScalarType::COMPLEX_DOUBLE,
-            Kind::Bool => ScalarType::BOOL,
-            Kind::QInt8 => ScalarType::QINT8,
-            Kind::QUInt8 => ScalarType::QUINT8,
-            Kind::QInt32 => ScalarType::QINT32,
-            Kind::BFloat16 => ScalarType::BFLOAT16,
-            Kind::Float8e5m2 => ScalarType::FLOAT8_E5M2,
-            Kind::Float8e4m3fn => ScalarType::FLOAT8_E4M3FN,
-            Kind::Float8e5m2fnuz => ScalarType::FLOAT8_E5M2FNUZ,
-            Kind::Float8e4m3fnuz => ScalarType::FLOAT8_E4M3FNUZ,
-        }
+        TABLE
+            .iter()
+            .find(|(_, _, k)| *k == Some(kind))
+            .map(|(st, _, _)| *st)
+            .expect("every tch Kind is in TABLE (tested: kinds_round_trip_through_scalar_types)")
     }
 
     /// The tch [`Kind`] of this scalar type, or `None` where tch 0.24 has none (`UInt16`,
@@ -126,29 +133,10 @@ impl ScalarType {
     /// has no code for either). tch's `Tensor::kind` panics on such tensors; `f_kind` returns
     /// an error.
     pub fn to_kind(self) -> Option<Kind> {
-        Some(match self {
-            ScalarType::BYTE => Kind::Uint8,
-            ScalarType::CHAR => Kind::Int8,
-            ScalarType::SHORT => Kind::Int16,
-            ScalarType::INT => Kind::Int,
-            ScalarType::LONG => Kind::Int64,
-            ScalarType::HALF => Kind::Half,
-            ScalarType::FLOAT => Kind::Float,
-            ScalarType::DOUBLE => Kind::Double,
-            ScalarType::COMPLEX_HALF => Kind::ComplexHalf,
-            ScalarType::COMPLEX_FLOAT => Kind::ComplexFloat,
-            ScalarType::COMPLEX_DOUBLE => Kind::ComplexDouble,
-            ScalarType::BOOL => Kind::Bool,
-            ScalarType::QINT8 => Kind::QInt8,
-            ScalarType::QUINT8 => Kind::QUInt8,
-            ScalarType::QINT32 => Kind::QInt32,
-            ScalarType::BFLOAT16 => Kind::BFloat16,
-            ScalarType::FLOAT8_E5M2 => Kind::Float8e5m2,
-            ScalarType::FLOAT8_E4M3FN => Kind::Float8e4m3fn,
-            ScalarType::FLOAT8_E5M2FNUZ => Kind::Float8e5m2fnuz,
-            ScalarType::FLOAT8_E4M3FNUZ => Kind::Float8e4m3fnuz,
-            _ => return None,
-        })
+        TABLE
+            .iter()
+            .find(|(st, _, _)| *st == self)
+            .and_then(|(_, _, kind)| *kind)
     }
 }
 
@@ -202,6 +190,78 @@ mod tests {
             4 | 7 | 9 | 29 => 8,
             10 => 16,
             _ => unreachable!("{st} has no dtype"),
+        }
+    }
+
+    /// Every tch 0.24 `Kind`: `from_kind` finds each in the table.
+    const KINDS: [Kind; 20] = [
+        Kind::Uint8,
+        Kind::Int8,
+        Kind::Int16,
+        Kind::Int,
+        Kind::Int64,
+        Kind::Half,
+        Kind::Float,
+        Kind::Double,
+        Kind::ComplexHalf,
+        Kind::ComplexFloat,
+        Kind::ComplexDouble,
+        Kind::Bool,
+        Kind::QInt8,
+        Kind::QUInt8,
+        Kind::QInt32,
+        Kind::BFloat16,
+        Kind::Float8e5m2,
+        Kind::Float8e4m3fn,
+        Kind::Float8e5m2fnuz,
+        Kind::Float8e4m3fnuz,
+    ];
+
+    /// Fails to compile when a tch upgrade adds a `Kind`, so `KINDS` (and `TABLE`) cannot
+    /// silently miss it.
+    #[allow(dead_code)]
+    fn kinds_is_exhaustive(kind: Kind) {
+        match kind {
+            Kind::Uint8
+            | Kind::Int8
+            | Kind::Int16
+            | Kind::Int
+            | Kind::Int64
+            | Kind::Half
+            | Kind::Float
+            | Kind::Double
+            | Kind::ComplexHalf
+            | Kind::ComplexFloat
+            | Kind::ComplexDouble
+            | Kind::Bool
+            | Kind::QInt8
+            | Kind::QUInt8
+            | Kind::QInt32
+            | Kind::BFloat16
+            | Kind::Float8e5m2
+            | Kind::Float8e4m3fn
+            | Kind::Float8e5m2fnuz
+            | Kind::Float8e4m3fnuz => {}
+        }
+    }
+
+    #[test]
+    fn every_kind_is_in_the_table_once() {
+        for kind in KINDS {
+            let st = ScalarType::from_kind(kind);
+            assert_eq!(st.to_kind(), Some(kind));
+            assert_eq!(TABLE.iter().filter(|(_, _, k)| *k == Some(kind)).count(), 1);
+        }
+        // Every table row names a scalar type once, and every dtype once.
+        for (st, dtype, _) in TABLE {
+            assert_eq!(TABLE.iter().filter(|(s, _, _)| s == st).count(), 1, "{st}");
+            if dtype.is_some() {
+                assert_eq!(
+                    TABLE.iter().filter(|(_, d, _)| d == dtype).count(),
+                    1,
+                    "{st}"
+                );
+            }
         }
     }
 

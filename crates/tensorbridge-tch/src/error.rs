@@ -113,9 +113,9 @@ pub enum Error {
         device: Device,
     },
     /// A read-only tensor, refused unless the caller accepts that libtorch cannot keep it so
-    /// ([`ToTchOptions::allow_read_only`](crate::ToTchOptions::allow_read_only)).
+    /// ([`ExportOptions::allow_read_only`](crate::ExportOptions::allow_read_only)).
     #[error(
-        "the tensor is read-only but libtorch has no read-only tensors (expected a writable tensor, or ToTchOptions::allow_read_only to share it knowingly)"
+        "the tensor is read-only but libtorch has no read-only tensors (expected a writable tensor, or ExportOptions::allow_read_only to share it knowingly)"
     )]
     ReadOnly,
 }

@@ -13,17 +13,17 @@ use crate::Error;
 use crate::ffi::{self, ScalarType, TorchDeviceType};
 use crate::import::current_cuda_stream;
 
-/// How [`to_tch_with`] treats what libtorch cannot express. [`ToTchOptions::new`] (the
-/// default) refuses everything [`to_tch`] refuses.
+/// How [`export_with`] treats what libtorch cannot express. [`ExportOptions::new`] (the
+/// default) refuses everything [`export`] refuses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ToTchOptions {
+pub struct ExportOptions {
     allow_read_only: bool,
 }
 
-impl ToTchOptions {
+impl ExportOptions {
     /// The defaults: read-only tensors are refused ([`Error::ReadOnly`]).
-    pub const fn new() -> ToTchOptions {
-        ToTchOptions {
+    pub const fn new() -> ExportOptions {
+        ExportOptions {
             allow_read_only: false,
         }
     }
@@ -36,8 +36,8 @@ impl ToTchOptions {
     /// The caller guarantees, for each read-only tensor converted with these options:
     /// 1. nothing writes through the returned tch tensor, nor through any tensor libtorch
     ///    derives from it (views, shallow clones, DLPack exports), while any of them lives.
-    pub const unsafe fn allow_read_only(self) -> ToTchOptions {
-        ToTchOptions {
+    pub const unsafe fn allow_read_only(self) -> ExportOptions {
+        ExportOptions {
             allow_read_only: true,
         }
     }
@@ -47,12 +47,12 @@ impl ToTchOptions {
 /// tensor was handed to. Boxed into the `at::DataPtr`'s context; [`release`] frees it.
 struct Release {
     owner: Owner,
-    /// The device ordinal and libtorch's current stream at [`to_tch`] time (CUDA only).
+    /// The device ordinal and libtorch's current stream at [`export`] time (CUDA only).
     cuda: Option<(u32, Stream)>,
 }
 
 /// The context deleter libtorch calls, exactly once, when the storage of a tensor made by
-/// [`to_tch`] is freed (after its last view, shallow clone and DLPack export), on whichever
+/// [`export`] is freed (after its last view, shallow clone and DLPack export), on whichever
 /// thread frees it; also called by the shim when making the tensor failed.
 ///
 /// On CUDA the owner is not dropped at once but kept until the work enqueued so far on the
@@ -60,11 +60,11 @@ struct Release {
 /// libtorch's caching allocator does for its own blocks: kernels libtorch enqueued there
 /// may still read the memory.
 ///
-/// Never unwinds into libtorch: if dropping the owner panics (owners must not, STYLE.md) the
+/// Never unwinds into libtorch: if dropping the owner panics (owners must not: a panicking drop is a bug) the
 /// process aborts here, which is also what Rust does for a panic that reaches `extern "C"`.
 ///
 /// # Safety
-/// 1. `ctx` came from `Box::into_raw` of a `Box<Release>` in [`to_tch_with`], and this is
+/// 1. `ctx` came from `Box::into_raw` of a `Box<Release>` in [`export_with`], and this is
 ///    the one call for it.
 unsafe extern "C" fn release(ctx: *mut c_void) {
     // SAFETY: obligation 1: the box's own pointer, turned back into the box exactly once.
@@ -99,14 +99,14 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
     }
 }
 
-/// A core [`Tensor`] as a tch tensor, zero-copy: [`to_tch_with`] with the default options
+/// A core [`Tensor`] as a tch tensor, zero-copy: [`export_with`] with the default options
 /// (read-only tensors are refused).
 ///
 /// ```
 /// use tensorbridge::Tensor;
 ///
 /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
-/// let torch = tensorbridge_tch::to_tch(&t)?;
+/// let torch = tensorbridge_tch::export(&t)?;
 /// assert_eq!(torch.size(), [2, 3]);
 /// assert_eq!(torch.data_ptr() as usize, t.data_ptr()); // the same memory
 /// let _ = torch.narrow(1, 0, 1).fill_(0.0); // libtorch writes through a view of its own
@@ -114,8 +114,8 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 /// assert_eq!(t.host_view::<f32>()?.to_contiguous(), [0.0, 2.0, 3.0, 0.0, 5.0, 6.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn to_tch(tensor: &Tensor) -> Result<tch::Tensor, Error> {
-    to_tch_with(tensor, ToTchOptions::new())
+pub fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
+    export_with(tensor, ExportOptions::new())
 }
 
 /// A core [`Tensor`] as a tch tensor, zero-copy: `at::for_blob` over the tensor's element 0
@@ -138,7 +138,7 @@ pub fn to_tch(tensor: &Tensor) -> Result<tch::Tensor, Error> {
 /// ([`Error::UnsupportedDevice`]), ordinals above 127, and read-only tensors unless the
 /// options allow them ([`Error::ReadOnly`]). A refusal or a libtorch failure leaves no clone
 /// of the owner behind.
-pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor, Error> {
+pub fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tensor, Error> {
     if tensor.is_readonly() && !options.allow_read_only {
         return Err(Error::ReadOnly);
     }
@@ -187,7 +187,7 @@ pub fn to_tch_with(tensor: &Tensor, options: ToTchOptions) -> Result<tch::Tensor
     //   (`Tensor::from_descriptor`'s obligation 1), which the context keeps alive until
     //   libtorch calls `release`; the scalar type has the dtype's itemsize;
     // - writable: the tensor is read-write, or the caller vouched for no writes
-    //   (`ToTchOptions::allow_read_only`);
+    //   (`ExportOptions::allow_read_only`);
     // - `shape` and `strides` hold `ndim` values each and are only read during the call;
     // - `ctx` is a fresh `Box<Release>` that the shim releases exactly once with `release`
     //   (now, on failure, or when libtorch frees the storage), and it is not used here
@@ -219,7 +219,7 @@ mod tests {
     use super::*;
     use tensorbridge_testkit::DropCounter;
 
-    /// Calls the shim as `to_tch_with` does, with a counted owner and the given sizes and
+    /// Calls the shim as `export_with` does, with a counted owner and the given sizes and
     /// scalar type, and returns its status.
     fn make(counter: &DropCounter, sizes: &[i64], scalar_type: ScalarType) -> i32 {
         let buffer = vec![0f32; 16];
@@ -231,7 +231,7 @@ mod tests {
         let data = ptr::dangling_mut::<f32>().cast::<c_void>();
         let mut out = ptr::null_mut();
         let mut err = ptr::null_mut();
-        // SAFETY: as in `to_tch_with`; every call here is made to fail before libtorch could
+        // SAFETY: as in `export_with`; every call here is made to fail before libtorch could
         // read `data` (a dangling pointer).
         let status = unsafe {
             ffi::tb_tch_from_blob(

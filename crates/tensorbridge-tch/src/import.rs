@@ -51,7 +51,7 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
 /// no stream API, so from Rust this is libtorch's default stream unless C++ code set
 /// another), borrowed as a cudarc stream: a cudarc kernel launched on it is ordered after the
 /// libtorch work enqueued before it and before the libtorch work enqueued after it, with no
-/// event and no host wait, like a libtorch operation. With [`from_tch`] for the arguments and
+/// event and no host wait, like a libtorch operation. With [`import`] for the arguments and
 /// the cudarc adapter's `KernelArgs` for checked views, that is a kernel of your own on tch
 /// tensors, read and written in place.
 ///
@@ -62,7 +62,7 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
 /// # fn demo(x: &tch::Tensor, y: &tch::Tensor, f: &cudarc::driver::CudaFunction)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
 /// use cudarc::driver::{LaunchConfig, PushKernelArg};
-/// let (xt, yt) = (tensorbridge_tch::from_tch(x)?, tensorbridge_tch::from_tch(y)?);
+/// let (xt, yt) = (tensorbridge_tch::import(x)?, tensorbridge_tch::import(y)?);
 /// tensorbridge_tch::with_current_stream(0, |stream| {
 ///     let args = tensorbridge_cudarc::KernelArgs::new(stream);
 ///     let (xv, mut yv) = (args.input::<f32>(&xt)?, args.output::<f32>(&yt)?);
@@ -105,14 +105,14 @@ pub fn with_current_stream<R>(
 /// ```
 /// let t = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([2, 3]);
 /// let col = t.narrow(1, 1, 1); // a view libtorch made: offset 1, strides [3, 1]
-/// let shared = tensorbridge_tch::from_tch(&col)?;
+/// let shared = tensorbridge_tch::import(&col)?;
 /// assert_eq!(shared.shape(), [2, 1]);
 /// assert_eq!(shared.byte_offset(), 4); // the storage offset, in bytes
 /// assert_eq!(shared.data_ptr(), col.data_ptr() as usize); // the same memory
 /// assert_eq!(shared.host_view::<f32>()?.to_contiguous(), [2.0, 5.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn from_tch(t: &tch::Tensor) -> Result<Tensor, Error> {
+pub fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
     let info = describe(t)?;
     if info.defined == 0 {
         return Err(Error::Undefined);

@@ -7,8 +7,8 @@
 //!
 //! | direction | function | data | stream |
 //! |---|---|---|---|
-//! | `&tch::Tensor` -> [`Tensor`] | [`from_tch`] | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
-//! | [`Tensor`] -> `tch::Tensor` | [`to_tch`], [`to_tch_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
+//! | `&tch::Tensor` -> [`Tensor`] | [`import`] | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
+//! | [`Tensor`] -> `tch::Tensor` | [`export`], [`export_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
 //! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
 //! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
 //!
@@ -16,8 +16,8 @@
 //! use tensorbridge::Tensor;
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
-//! let torch = tensorbridge_tch::to_tch(&t)?.transpose(0, 1); // libtorch's own view
-//! let back = tensorbridge_tch::from_tch(&torch)?;
+//! let torch = tensorbridge_tch::export(&t)?.transpose(0, 1); // libtorch's own view
+//! let back = tensorbridge_tch::import(&torch)?;
 //! assert_eq!(back.data_ptr(), t.data_ptr()); // one buffer all along
 //! assert_eq!(back.strides_elems(), [1, 3]);
 //! assert_eq!(back.host_view::<f32>()?.to_contiguous(), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
@@ -34,7 +34,7 @@
 //!   libtorch made of it are gone (the tests count it). On CUDA the deleter does not drop
 //!   the owner at once: it records an event on the stream the tensor was handed to and keeps
 //!   the owner until that work has finished (`tensorbridge_cuda::retire_on_raw`; released by
-//!   [`tensorbridge_cuda::reclaim`], which [`to_tch`] and cudarc views call), as
+//!   [`tensorbridge_cuda::reclaim`], which [`export`] and cudarc views call), as
 //!   libtorch's caching allocator does with its own blocks. The deleter never unwinds into
 //!   libtorch (a panicking owner aborts the process). A refused or failed conversion keeps
 //!   no clone.
@@ -46,20 +46,20 @@
 //!   unwind through Rust frames.
 //! - tch's safe API lets two shallow clones of one storage live on two threads, and write
 //!   through one while the other reads: tch does not prevent data races on tensor memory.
-//!   [`from_tch`] and [`to_tch`] are safe on the same terms: a [`Tensor`] shared with
+//!   [`import`] and [`export`] are safe on the same terms: a [`Tensor`] shared with
 //!   libtorch is another alias of memory tch code may write. Reading it through a core host
 //!   view while safe tch code writes to it on another thread is a race, exactly as between
 //!   two tch tensors; keep such work on one thread, or ordered.
-//! - Read-only tensors have no libtorch equivalent: [`to_tch`] refuses them, and accepting
-//!   them is the `unsafe` [`ToTchOptions::allow_read_only`], whose caller promises that
+//! - Read-only tensors have no libtorch equivalent: [`export`] refuses them, and accepting
+//!   them is the `unsafe` [`ExportOptions::allow_read_only`], whose caller promises that
 //!   nothing writes through the result.
 //! - Streams: libtorch's current streams are its default stream (the legacy one) or streams
 //!   of its pool, which it never destroys, all in the device's primary context; so the
-//!   readiness [`from_tch`] attaches, and the hand-off [`to_tch`] makes, name live streams.
+//!   readiness [`import`] attaches, and the hand-off [`export`] makes, name live streams.
 //!   tch has no stream API; C++ or Python code in the same process that makes an external
 //!   stream current (`torch.cuda.ExternalStream`) must keep it alive while tensors made
 //!   meanwhile are in use, as libtorch itself requires. An external stream that is the
-//!   per-thread sentinel (`0x2`) names another stream on every thread: [`from_tch`] records
+//!   per-thread sentinel (`0x2`) names another stream on every thread: [`import`] records
 //!   an event on it instead, and the deleter waits on the legacy stream.
 //!
 //! # Limitations
@@ -77,7 +77,7 @@
 //!   such tensors are refused, not copied. The byte offset is folded into the data pointer
 //!   on the way to tch (storage offset 0); the way back reports libtorch's storage offset
 //!   as the byte offset.
-//! - Tensors made by [`to_tch`] have fixed-size storage: libtorch refuses to resize them in
+//! - Tensors made by [`export`] have fixed-size storage: libtorch refuses to resize them in
 //!   place (as for tch's `from_blob`).
 //! - A tch tensor that requires grad is shared as plain memory: writes through the core
 //!   tensor are invisible to autograd.
@@ -98,9 +98,9 @@ mod libtorch_dlpack;
 
 pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
-pub use export::{ToTchOptions, to_tch, to_tch_with};
+pub use export::{ExportOptions, export, export_with};
 pub use ffi::{ScalarType, TorchDevice, TorchDeviceType, TorchLayout};
-pub use import::{from_tch, with_current_stream};
+pub use import::{import, with_current_stream};
 
 /// The tch this crate is built against, for callers who want the same version.
 pub use tch;

@@ -9,7 +9,7 @@ use tensorbridge::{Access, DType, DTypeCode, Device, RawTensor, Tensor};
 use tensorbridge_dlpack::ffi::DLManagedTensorVersioned;
 use tensorbridge_testkit::DropCounter;
 
-use crate::{ScalarType, ToTchOptions, ffi, to_tch, to_tch_with};
+use crate::{ExportOptions, ScalarType, export, export_with, ffi};
 
 /// libtorch's DLPack export of `t`, imported back as a core tensor.
 fn through_libtorch_dlpack(t: &tch::Tensor) -> Tensor {
@@ -41,7 +41,7 @@ fn a_libtorch_dlpack_export_keeps_the_owner_until_its_deleter() {
         )
     };
     drop(t);
-    let torch = to_tch(&counted).unwrap();
+    let torch = export(&counted).unwrap();
     drop(counted);
     let view = torch.transpose(0, 1).narrow(0, 1, 2); // libtorch's view of its own tensor
     drop(torch);
@@ -79,8 +79,8 @@ fn libtorch_maps_every_scalar_type_to_the_same_dlpack_dtype() {
         // keeps alive; nothing writes it (read-only, and the test never writes).
         let t = unsafe { Tensor::from_descriptor(desc, std::sync::Arc::new(buffer)) };
         // SAFETY: nothing writes through the libtorch tensor.
-        let options = unsafe { ToTchOptions::new().allow_read_only() };
-        let torch = to_tch_with(&t, options).unwrap();
+        let options = unsafe { ExportOptions::new().allow_read_only() };
+        let torch = export_with(&t, options).unwrap();
         let back = through_libtorch_dlpack(&torch);
         assert_eq!(back.dtype(), dtype, "{}", ScalarType(code));
         assert_eq!(back.data_ptr(), t.data_ptr());

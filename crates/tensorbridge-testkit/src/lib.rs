@@ -5,6 +5,9 @@
 //! Every adapter crate's tests draw from these, so a property proved for the core is checked
 //! on the same inputs through each adapter.
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

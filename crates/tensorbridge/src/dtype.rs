@@ -220,6 +220,12 @@ impl DType {
     pub const FLOAT6_E3M2FN: DType = DType::scalar(DTypeCode::Float6E3M2Fn, 6);
     /// `float4_e2m1fn`.
     pub const FLOAT4_E2M1FN: DType = DType::scalar(DTypeCode::Float4E2M1Fn, 4);
+    /// `float4_e2m1fnx2`: two fp4 values per byte (libtorch's `Float4_e2m1fn_x2`).
+    pub const FLOAT4_E2M1FNX2: DType = DType {
+        code: DTypeCode::Float4E2M1Fn,
+        bits: 4,
+        lanes: 2,
+    };
 
     const fn scalar(code: DTypeCode, bits: u8) -> DType {
         DType {
@@ -448,6 +454,11 @@ mod tests {
             assert_eq!(DType::new(*variant, bits[0], 1).unwrap(), *c);
             assert_eq!(c.to_string(), *stem);
         }
+        assert_eq!(
+            DType::new(DTypeCode::Float4E2M1Fn, 4, 2).unwrap(),
+            DType::FLOAT4_E2M1FNX2
+        );
+        assert_eq!(DType::FLOAT4_E2M1FNX2.itemsize(), 1);
     }
 
     #[test]

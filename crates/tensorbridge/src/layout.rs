@@ -19,7 +19,8 @@ pub(crate) type Dims = SmallVec<[i64; INLINE_DIMS]>;
 /// and strides and the element offsets they reach are at most `2^55 - 1` in absolute value
 /// (see [`Layout::new`]). After that, the queries below cannot fail or overflow.
 ///
-/// Contiguity follows what consumers do (PROTOCOLS.md pitfalls 6 and 7): strides of
+/// Contiguity follows what consumers do (NumPy, PyTorch and CuPy all ignore the stride of a
+/// dimension of size 1 and call empty tensors contiguous): strides of
 /// dimensions of size 1 are ignored, and a tensor with a dimension of size 0 counts as
 /// contiguous in every sense.
 #[derive(PartialEq, Eq, Hash)]
@@ -534,7 +535,7 @@ pub enum Constraint {
     NonNegativeStrides,
     /// No zero strides on dimensions of size > 1.
     NoBroadcast,
-    /// `byte_offset` must be 0 (consumers that ignore it, PROTOCOLS.md pitfall 13).
+    /// `byte_offset` must be 0 (for consumers that ignore it, as several DLPack consumers do).
     ZeroByteOffset,
     /// No two elements at the same address (a kernel's in-place output, which every thread
     /// writes without atomics): each stride, taken in increasing magnitude over the

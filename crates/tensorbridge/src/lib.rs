@@ -43,6 +43,21 @@
 //! # Ok::<(), tensorbridge::Error>(())
 //! ```
 //!
+//! # Entry points of every adapter
+//! One scheme in every crate: `import` brings a foreign tensor into the core (a [`Tensor`]),
+//! `export` hands a [`Tensor`] out as a foreign one, and `view`/`lend` borrow for a scope.
+//! Safe functions have the short names; a variant that trusts a raw handle (a pointer, a
+//! stream integer) is `unsafe` and ends in `_raw`.
+//!
+//! | crate | into the core (`Tensor`) | out of the core | borrowed for a scope | trusts a raw handle |
+//! |---|---|---|---|---|
+//! | `tensorbridge-dlpack` | `import_versioned`, `import_legacy` | `export_versioned`, `export_legacy` | | the imports (`unsafe`: a raw managed-tensor pointer) |
+//! | `tensorbridge-cai` | `CudaArrayInterface::import`, `ArrayInterface::import` | `CudaArrayInterface::export`, `ArrayInterface::export` | | |
+//! | `tensorbridge-cudarc` | `import`, `import_shaped` | `try_into_slice` | `lend`, `lend_shaped`, `view`, `view_mut`, `KernelArgs` | `Lent::make_ready_on_raw`, `Lent::join_raw` |
+//! | `tensorbridge-tch` | `import` | `export`, `export_with` | `with_current_stream` (libtorch's stream, for your kernel) | |
+//! | `tensorbridge-pyo3` | `import`, `AnyTensor` | `export` (a `View`) | `kernel_call` (the arguments and their framework's stream, for your kernel) | `import_on_raw` (a raw stream integer) |
+//! | `tensorbridge-cuda` (not an adapter) | | | | every `_raw` function: `handoff_raw`, `make_ready_on_raw`, `join_raw`, `CudaSignal::record_raw`, `wait_on_raw`, `retire_on_raw`, `with_stream_raw` |
+//!
 //! # Ownership
 //! A [`Tensor`] holds an [`Owner`] (`Arc<dyn Any + Send + Sync>`). Cloning the tensor clones
 //! the `Arc`; dropping the last clone drops the owner, which releases the memory exactly

@@ -186,8 +186,8 @@ impl fmt::Display for StreamConvention {
 /// | `> 2`      | handle                      | handle              | handle               |
 /// | `< -1`     | error                       | error               | error                |
 ///
-/// Sources: the array API's `__dlpack__` (stream) and CAI v3 (`stream`), summarised in
-/// PROTOCOLS.md sections 2.4 and 3.
+/// Sources: the Python array API standard's `__dlpack__(stream=...)` and the CUDA Array
+/// Interface v3's `stream` key; docs/PROTOCOLS.md has the table with its reasoning.
 pub fn stream_from_wire(
     convention: StreamConvention,
     value: Option<i64>,

@@ -352,8 +352,8 @@ impl Descriptor {
     }
 
     /// The same tensor described with `byte_offset = 0` and the offset folded into the data
-    /// pointer, which is what consumers that ignore `byte_offset` need (PROTOCOLS.md pitfall
-    /// 13). Unchanged on handle devices, whose offset cannot be folded.
+    /// pointer, which is what consumers that ignore `byte_offset` need (several DLPack
+    /// consumers read `data` and never `byte_offset`). Unchanged on handle devices, whose offset cannot be folded.
     pub fn with_offset_folded(&self) -> Descriptor {
         let mut folded = self.clone();
         folded.fold_offset();

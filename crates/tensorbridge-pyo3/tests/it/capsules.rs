@@ -32,7 +32,7 @@ fn capsule_name(c: &Bound<'_, PyAny>) -> String {
 fn unconsumed_capsule_releases_its_tensor_once() {
     let counter = DropCounter::new();
     with_py(|py| {
-        let view = tensorbridge_pyo3::into_py(py, counted(&counter)).unwrap();
+        let view = tensorbridge_pyo3::export(py, counted(&counter)).unwrap();
         let capsule = eval(py, "v.__dlpack__(max_version=(1, 3))", &[("v", &view)]).unwrap();
         assert_eq!(capsule_name(&capsule), "dltensor_versioned");
         drop(view);
@@ -46,7 +46,7 @@ fn unconsumed_capsule_releases_its_tensor_once() {
 fn unconsumed_legacy_capsule_releases_its_tensor_once() {
     let counter = DropCounter::new();
     with_py(|py| {
-        let view = tensorbridge_pyo3::into_py(py, counted(&counter)).unwrap();
+        let view = tensorbridge_pyo3::export(py, counted(&counter)).unwrap();
         let capsule = eval(py, "v.__dlpack__()", &[("v", &view)]).unwrap();
         assert_eq!(capsule_name(&capsule), "dltensor");
         drop(view);
@@ -59,10 +59,10 @@ fn unconsumed_legacy_capsule_releases_its_tensor_once() {
 fn consumed_capsule_is_released_by_the_consumer_only() {
     let counter = DropCounter::new();
     with_py(|py| {
-        let view = tensorbridge_pyo3::into_py(py, counted(&counter)).unwrap();
+        let view = tensorbridge_pyo3::export(py, counted(&counter)).unwrap();
         let capsule = eval(py, "v.__dlpack__(max_version=(1, 0))", &[("v", &view)]).unwrap();
         drop(view);
-        let t = tensorbridge_pyo3::extract(&capsule).unwrap();
+        let t = tensorbridge_pyo3::import(&capsule).unwrap();
         assert_eq!(capsule_name(&capsule), "used_dltensor_versioned");
         assert_eq!(t.host_view::<f32>().unwrap().get(&[1, 2]).unwrap(), 5.0);
         drop(capsule);
@@ -80,10 +80,10 @@ fn consumed_capsule_is_released_by_the_consumer_only() {
 fn a_used_capsule_is_a_buffer_error() {
     let counter = DropCounter::new();
     with_py(|py| {
-        let view = tensorbridge_pyo3::into_py(py, counted(&counter)).unwrap();
+        let view = tensorbridge_pyo3::export(py, counted(&counter)).unwrap();
         let capsule = eval(py, "v.__dlpack__(max_version=(1, 0))", &[("v", &view)]).unwrap();
-        let first = tensorbridge_pyo3::extract(&capsule).unwrap();
-        let err = tensorbridge_pyo3::extract(&capsule).unwrap_err();
+        let first = tensorbridge_pyo3::import(&capsule).unwrap();
+        let err = tensorbridge_pyo3::import(&capsule).unwrap_err();
         assert!(err.is_instance_of::<PyBufferError>(py), "{err}");
         assert!(err.to_string().contains("already consumed"), "{err}");
         drop((first, capsule, view));
@@ -95,13 +95,13 @@ fn a_used_capsule_is_a_buffer_error() {
 fn read_only_views_refuse_legacy_capsules_but_not_versioned_ones() {
     let counter = DropCounter::new();
     with_py(|py| {
-        let view = tensorbridge_pyo3::into_py(py, counted(&counter).into_readonly()).unwrap();
+        let view = tensorbridge_pyo3::export(py, counted(&counter).into_readonly()).unwrap();
         let err = eval(py, "v.__dlpack__()", &[("v", &view)]).unwrap_err();
         assert!(err.is_instance_of::<PyBufferError>(py), "{err}");
         // Its traceback holds the frame, and the frame the view.
         drop(err);
         let capsule = eval(py, "v.__dlpack__(max_version=(1, 0))", &[("v", &view)]).unwrap();
-        let back = tensorbridge_pyo3::extract(&capsule).unwrap();
+        let back = tensorbridge_pyo3::import(&capsule).unwrap();
         assert!(back.is_readonly());
         drop((back, capsule, view));
         assert_eq!(counter.drops(), 1);
@@ -128,14 +128,14 @@ fn copies_are_compact_independent_and_flagged() {
         // SAFETY: the same memory and owner as `t`, a layout inside its span.
         let transposed = unsafe { Tensor::from_descriptor(desc, t.owner().clone()) };
         drop(t);
-        let view = tensorbridge_pyo3::into_py(py, transposed).unwrap();
+        let view = tensorbridge_pyo3::export(py, transposed).unwrap();
         let capsule = eval(
             py,
             "v.__dlpack__(max_version=(1, 3), copy=True)",
             &[("v", &view)],
         )
         .unwrap();
-        let copy = tensorbridge_pyo3::extract(&capsule).unwrap();
+        let copy = tensorbridge_pyo3::import(&capsule).unwrap();
         assert!(copy.layout().is_c_contiguous());
         assert_eq!(
             copy.host_view::<f32>().unwrap().to_contiguous(),

@@ -10,7 +10,7 @@ use crate::{eval, with_py};
 fn buffers_are_shared_not_copied() {
     with_py(|py| {
         let ba = eval(py, "bytearray(b'abcdefgh')", &[]).unwrap();
-        let t = tensorbridge_pyo3::extract(&ba).unwrap();
+        let t = tensorbridge_pyo3::import(&ba).unwrap();
         let addr: usize = eval(
             py,
             "__import__('ctypes').addressof((__import__('ctypes').c_char * 8).from_buffer(b))",
@@ -23,7 +23,7 @@ fn buffers_are_shared_not_copied() {
         assert_eq!((t.dtype(), t.shape()), (DType::UINT8, &[8i64][..]));
         assert!(!t.is_readonly());
         let bytes = eval(py, "b'xyz'", &[]).unwrap();
-        assert!(tensorbridge_pyo3::extract(&bytes).unwrap().is_readonly());
+        assert!(tensorbridge_pyo3::import(&bytes).unwrap().is_readonly());
     });
 }
 
@@ -36,7 +36,7 @@ fn strided_memoryviews_keep_their_layout() {
             &[],
         )
         .unwrap();
-        let t = tensorbridge_pyo3::extract(&mv).unwrap();
+        let t = tensorbridge_pyo3::import(&mv).unwrap();
         assert_eq!(t.shape(), &[3, 4]);
         assert_eq!(t.strides_elems(), &[4, 1]);
         assert_eq!(t.host_view::<f64>().unwrap().get(&[2, 3]).unwrap(), 11.0);
@@ -52,7 +52,7 @@ fn the_producer_lives_as_long_as_the_tensor() {
         };
         let obj = eval(py, "bytearray(16)", &[]).unwrap();
         let before = refcnt(&obj);
-        let t = tensorbridge_pyo3::extract(&obj).unwrap();
+        let t = tensorbridge_pyo3::import(&obj).unwrap();
         assert!(refcnt(&obj) > before, "the view holds the exporter");
         drop(t);
         assert_eq!(refcnt(&obj), before);
@@ -71,7 +71,7 @@ fn array_interface_pointer_form() {
             &[("b", &buf)],
         )
         .unwrap();
-        let t = tensorbridge_pyo3::extract(&obj).unwrap();
+        let t = tensorbridge_pyo3::import(&obj).unwrap();
         assert_eq!((t.dtype(), t.device()), (DType::INT32, Device::CPU));
         assert!(t.is_readonly());
         assert_eq!(t.host_view::<i32>().unwrap().get(&[1, 0]).unwrap(), 3);
@@ -81,7 +81,7 @@ fn array_interface_pointer_form() {
 #[test]
 fn refusals_raise_the_documented_exceptions() {
     with_py(|py| {
-        let err = tensorbridge_pyo3::extract(&eval(py, "object()", &[]).unwrap()).unwrap_err();
+        let err = tensorbridge_pyo3::import(&eval(py, "object()", &[]).unwrap()).unwrap_err();
         assert!(err.is_instance_of::<PyTypeError>(py), "{err}");
         assert!(err.to_string().contains("of type object"), "{err}");
         let err = eval(py, "tb.asview(bytearray(4), stream=0)", &[]).unwrap_err();
@@ -93,7 +93,7 @@ fn refusals_raise_the_documented_exceptions() {
             &[],
         )
         .unwrap();
-        let err = tensorbridge_pyo3::extract(&refusing).unwrap_err();
+        let err = tensorbridge_pyo3::import(&refusing).unwrap_err();
         assert!(err.is_instance_of::<PyBufferError>(py), "{err}");
         assert_eq!(err.to_string(), "BufferError: no");
     });
@@ -109,7 +109,7 @@ fn legacy_producers_get_a_second_call_without_max_version() {
             &[],
         )
         .unwrap();
-        let t = tensorbridge_pyo3::extract(&old).unwrap();
+        let t = tensorbridge_pyo3::import(&old).unwrap();
         assert_eq!(t.shape(), &[8]);
     });
 }

@@ -4,19 +4,19 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 
 use crate::{eval, with_py};
 
-/// `torch.cuda.current_stream().cuda_stream` is 0 for the default stream; `extract_on`
+/// `torch.cuda.current_stream().cuda_stream` is 0 for the default stream; `import_on_raw`
 /// takes it (as the legacy default stream) where DLPack's convention calls it ambiguous.
 /// Before the fix this import failed with "stream 0 is not valid for DLPack (CUDA)".
 #[test]
-fn extract_on_takes_stream_zero() {
+fn import_on_raw_takes_stream_zero() {
     with_py(|py| {
         let ba = eval(py, "bytearray(8)", &[]).unwrap();
         // SAFETY: 0 is read as the legacy default stream, always live; host data uses none.
-        let t = unsafe { tensorbridge_pyo3::extract_on(&ba, Some(0)) }.unwrap();
+        let t = unsafe { tensorbridge_pyo3::import_on_raw(&ba, Some(0)) }.unwrap();
         assert_eq!(t.shape(), &[8]);
         // Other invalid values are still refused.
         // SAFETY: refused before any stream is used.
-        let err = unsafe { tensorbridge_pyo3::extract_on(&ba, Some(-2)) }.unwrap_err();
+        let err = unsafe { tensorbridge_pyo3::import_on_raw(&ba, Some(-2)) }.unwrap_err();
         assert!(err.is_instance_of::<PyValueError>(py), "{err}");
     });
 }

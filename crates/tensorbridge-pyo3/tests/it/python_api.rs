@@ -18,7 +18,7 @@ fn release_runs_exactly_once_after_the_last_user() {
             &[("b", &buf), ("calls", &calls)],
         )
         .unwrap();
-        let t = tensorbridge_pyo3::extract(&view).unwrap();
+        let t = tensorbridge_pyo3::import(&view).unwrap();
         drop(view);
         assert_eq!(
             calls.len().unwrap(),

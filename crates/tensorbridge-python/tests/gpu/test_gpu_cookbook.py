@@ -31,7 +31,7 @@ def test_tensorflow_gpu_tensor_pointer():
 
 
 def test_cudarc_buffer_to_torch():
-    pytest.importorskip("tensorbridge_example", reason="the example extension is not built (REQUESTS.md 5)")
+    pytest.importorskip("tensorbridge_example", reason="the example extension (crates/tensorbridge-example) is not built")
     pytest.importorskip("torch")
     r = importlib.import_module("cudarc_to_torch").main()
     assert r["sum"] == (1 << 20) * ((1 << 20) - 1) / 2

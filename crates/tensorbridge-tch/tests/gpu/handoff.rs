@@ -13,7 +13,6 @@ use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 use tensorbridge_cudarc as tbc;
-use tensorbridge_tch::{from_tch, to_tch};
 
 use crate::{Affine, Kernels, affine, context, serial, timing_event, torch_values, wrong};
 
@@ -90,7 +89,7 @@ impl Outcome {
 }
 
 /// A cudarc producer on its own stream, a libtorch consumer on libtorch's current stream:
-/// `to_tch` of a tensor that is [`Ready::Stream`] of the producer (or, for the control,
+/// `tensorbridge_tch::export` of a tensor that is [`Ready::Stream`] of the producer (or, for the control,
 /// claims [`Ready::Now`]), then a device-to-host copy by libtorch.
 fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Result<Outcome> {
     let producer = ctx.new_stream()?;
@@ -110,7 +109,7 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     // the kernels below are the only writers, ordered by the test.
     let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(data)) };
     // Warm up (libtorch's streams, the event pool) outside the timing.
-    drop(to_tch(&tensor)?);
+    drop(tensorbridge_tch::export(&tensor)?);
     ctx.synchronize()?;
 
     Affine::fill(src, N, 2.0, 1.0)
@@ -128,7 +127,7 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     };
 
     let start = Instant::now();
-    let torch = to_tch(&tensor)?;
+    let torch = tensorbridge_tch::export(&tensor)?;
     let host = start.elapsed();
     let producer_running = !p_end.is_complete();
     let c_start = timing_event(&legacy)?;
@@ -147,7 +146,7 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
 }
 
 /// A producer on libtorch's current stream writing a libtorch tensor, a cudarc consumer on
-/// its own stream: `from_tch`, then a view for the consumer stream (or, for the control, the
+/// its own stream: `tensorbridge_tch::import`, then a view for the consumer stream (or, for the control, the
 /// raw pointer without a view), then a copy kernel there.
 fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Result<Outcome> {
     let consumer = ctx.new_stream()?;
@@ -159,7 +158,7 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     );
     let dst = consumer.clone_htod(&vec![-1.0f32; N])?;
     // Warm up (the event pool, the view path) outside the timing.
-    drop(tbc::view::<f32>(&from_tch(&x)?, &consumer)?);
+    drop(tbc::view::<f32>(&tensorbridge_tch::import(&x)?, &consumer)?);
     ctx.synchronize()?;
 
     let x_ptr = x.data_ptr() as u64;
@@ -169,7 +168,7 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     let p_end = timing_event(&legacy)?;
 
     let start = Instant::now();
-    let shared = from_tch(&x)?;
+    let shared = tensorbridge_tch::import(&x)?;
     assert!(matches!(
         shared.ready(),
         Ready::Stream(Stream::LegacyDefault)
@@ -199,37 +198,37 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
 }
 
 #[test]
-fn to_tch_orders_libtorch_after_the_producer_without_blocking() -> Result<()> {
+fn export_orders_libtorch_after_the_producer_without_blocking() -> Result<()> {
     let _serial = serial();
     let ctx = context(0)?;
     let k = Kernels::load(&ctx)?;
     cudarc_to_libtorch(&ctx, &k, true)?
-        .assert_ordered_without_blocking("cudarc producer -> to_tch -> libtorch's stream");
+        .assert_ordered_without_blocking("cudarc producer -> export -> libtorch's stream");
     Ok(())
 }
 
 #[test]
-fn to_tch_without_readiness_races() -> Result<()> {
+fn export_without_readiness_races() -> Result<()> {
     let _serial = serial();
     let ctx = context(0)?;
     let k = Kernels::load(&ctx)?;
     cudarc_to_libtorch(&ctx, &k, false)?
-        .assert_raced("control: cudarc producer -> to_tch claiming Ready::Now");
+        .assert_raced("control: cudarc producer -> export claiming Ready::Now");
     Ok(())
 }
 
 #[test]
-fn from_tch_orders_a_cudarc_consumer_without_blocking() -> Result<()> {
+fn import_orders_a_cudarc_consumer_without_blocking() -> Result<()> {
     let _serial = serial();
     let ctx = context(0)?;
     let k = Kernels::load(&ctx)?;
     libtorch_to_cudarc(&ctx, &k, true)?
-        .assert_ordered_without_blocking("libtorch's stream -> from_tch -> view on stream B");
+        .assert_ordered_without_blocking("libtorch's stream -> import -> view on stream B");
     Ok(())
 }
 
 #[test]
-fn from_tch_without_a_view_races() -> Result<()> {
+fn import_without_a_view_races() -> Result<()> {
     let _serial = serial();
     let ctx = context(0)?;
     let k = Kernels::load(&ctx)?;

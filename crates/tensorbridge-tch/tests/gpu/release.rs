@@ -5,7 +5,7 @@
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Tensor};
-use tensorbridge_tch::to_tch;
+
 use tensorbridge_testkit::DropCounter;
 
 use crate::{Affine, Kernels, context, serial, torch_values};
@@ -38,7 +38,7 @@ fn the_owner_outlives_libtorch_work_enqueued_before_the_storage_was_freed() -> R
     // SAFETY: the counted owner holds the slice, which keeps the N floats allocated on
     // cuda:0; the upload has finished (synchronised above), so nothing is pending.
     let tensor = unsafe { Tensor::from_descriptor(desc, counter.owner_with(slice)) };
-    let torch = to_tch(&tensor)?;
+    let torch = tensorbridge_tch::export(&tensor)?;
     assert_eq!(torch_values(&torch.narrow(0, 0, 4)), [1.0; 4]);
     drop(tensor);
 

@@ -5,7 +5,6 @@ use anyhow::Result;
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Layout, Ready, Stream};
 use tensorbridge_cudarc as tbc;
-use tensorbridge_tch::{from_tch, to_tch};
 
 use crate::{context, serial, torch_values};
 
@@ -14,7 +13,7 @@ fn libtorch_cuda_tensors_cross_both_ways() -> Result<()> {
     let _serial = serial();
     let _ctx = context(0)?;
     let x = tch::Tensor::arange(12, (Kind::Float, TchDevice::Cuda(0))).reshape([3, 4]);
-    let shared = from_tch(&x.transpose(0, 1))?;
+    let shared = tensorbridge_tch::import(&x.transpose(0, 1))?;
     assert_eq!(shared.device(), Device::cuda(0));
     assert_eq!(shared.data_ptr(), x.data_ptr() as usize);
     assert_eq!(shared.strides_elems(), [1, 4]);
@@ -24,7 +23,7 @@ fn libtorch_cuda_tensors_cross_both_ways() -> Result<()> {
         Ready::Stream(Stream::LegacyDefault)
     ));
 
-    let back = to_tch(&shared)?;
+    let back = tensorbridge_tch::export(&shared)?;
     assert_eq!(back.device(), TchDevice::Cuda(0));
     assert_eq!(back.data_ptr(), x.data_ptr());
     assert_eq!((back.size(), back.stride()), (vec![4, 3], vec![1, 4]));
@@ -47,7 +46,7 @@ fn cudarc_memory_crosses_into_libtorch_and_back() -> Result<()> {
     let tensor = tbc::import_shaped(slice, &Layout::row_major(&[32, 32])?)?;
     let ptr = tensor.data_ptr();
 
-    let mut torch = to_tch(&tensor)?; // libtorch's stream waits for `stream` on the GPU
+    let mut torch = tensorbridge_tch::export(&tensor)?; // libtorch's stream waits for `stream` on the GPU
     assert_eq!(torch.data_ptr() as usize, ptr);
     assert_eq!(torch.device(), TchDevice::Cuda(0));
     assert_eq!(torch_values(&torch), host);
@@ -73,15 +72,15 @@ fn ordinals_cross_both_ways() -> Result<()> {
     for ordinal in 0..count {
         let ctx = context(ordinal as usize)?;
         let x = tch::Tensor::ones([8], (Kind::Float, TchDevice::Cuda(ordinal as usize)));
-        let shared = from_tch(&x)?;
+        let shared = tensorbridge_tch::import(&x)?;
         assert_eq!(shared.device(), Device::cuda(ordinal as u32));
-        let back = to_tch(&shared)?;
+        let back = tensorbridge_tch::export(&shared)?;
         assert_eq!(back.device(), TchDevice::Cuda(ordinal as usize));
 
         let slice = ctx.new_stream()?.clone_htod(&[3.0f32; 8])?;
         let t = tbc::import(slice)?;
         assert_eq!(t.device(), Device::cuda(ordinal as u32));
-        let torch = to_tch(&t)?;
+        let torch = tensorbridge_tch::export(&t)?;
         assert_eq!(torch.device(), TchDevice::Cuda(ordinal as usize));
         assert_eq!(torch_values(&torch), [3.0; 8]);
     }

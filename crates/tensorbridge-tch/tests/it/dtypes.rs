@@ -3,9 +3,7 @@
 use proptest::prelude::*;
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device};
-use tensorbridge_tch::{
-    Error, ScalarType, ToTchOptions, dtype_of_kind, from_tch, kind_of_dtype, to_tch_with,
-};
+use tensorbridge_tch::{Error, ExportOptions, ScalarType, dtype_of_kind, kind_of_dtype};
 
 use crate::claimed;
 
@@ -84,10 +82,10 @@ fn every_kind_round_trips_through_tensors() {
             continue;
         };
         let t = tch::Tensor::empty([2, 3], (kind, TchDevice::Cpu));
-        let shared = from_tch(&t).unwrap();
+        let shared = tensorbridge_tch::import(&t).unwrap();
         assert_eq!(shared.dtype(), dtype, "{kind:?}");
         assert_eq!(shared.device(), Device::CPU);
-        let back = tensorbridge_tch::to_tch(&shared).unwrap();
+        let back = tensorbridge_tch::export(&shared).unwrap();
         assert_eq!(back.kind(), kind);
         assert_eq!(back.data_ptr(), t.data_ptr());
     }
@@ -96,7 +94,7 @@ fn every_kind_round_trips_through_tensors() {
 #[test]
 fn quantized_kinds_are_refused_with_their_scalar_type() {
     let q = tch::Tensor::from_slice(&[0.5f32, 1.0]).quantize_per_tensor(0.1, 0, Kind::QInt8);
-    let err = from_tch(&q).unwrap_err();
+    let err = tensorbridge_tch::import(&q).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedScalarType {
@@ -122,10 +120,10 @@ fn dtypes_tch_has_no_kind_for_still_cross() {
         fp4x2,
     ] {
         let t = claimed(Device::CPU, dtype, &[2, 2], Access::ReadWrite);
-        let torch = tensorbridge_tch::to_tch(&t).unwrap();
+        let torch = tensorbridge_tch::export(&t).unwrap();
         assert!(torch.f_kind().is_err(), "{dtype}: tch has no Kind");
         assert!(matches!(kind_of_dtype(dtype), Err(Error::NoKind { .. })));
-        let back = from_tch(&torch).unwrap();
+        let back = tensorbridge_tch::import(&torch).unwrap();
         assert_eq!(back.dtype(), dtype);
         assert_eq!(back.data_ptr(), t.data_ptr());
     }
@@ -140,13 +138,13 @@ proptest! {
     /// Every dtype the core knows either becomes a libtorch tensor of the same dtype, or is
     /// refused as sub-byte or unsupported; never a panic, never another dtype.
     #[test]
-    fn to_tch_of_any_dtype_round_trips_or_is_refused(dtype in tensorbridge_testkit::dtype()) {
+    fn export_of_any_dtype_round_trips_or_is_refused(dtype in tensorbridge_testkit::dtype()) {
         let t = claimed(Device::CPU, dtype, &[2], Access::ReadOnly);
         // SAFETY: nothing writes through the libtorch tensor.
-        let options = unsafe { ToTchOptions::new().allow_read_only() };
-        match to_tch_with(&t, options) {
+        let options = unsafe { ExportOptions::new().allow_read_only() };
+        match tensorbridge_tch::export_with(&t, options) {
             Ok(torch) => {
-                prop_assert_eq!(from_tch(&torch).unwrap().dtype(), dtype);
+                prop_assert_eq!(tensorbridge_tch::import(&torch).unwrap().dtype(), dtype);
                 prop_assert!(ScalarType::from_dtype(dtype).is_ok());
             }
             Err(Error::SubByte { dtype: d }) => prop_assert!(d == dtype && dtype.is_subbyte()),

@@ -3,7 +3,7 @@
 //! dimension), and libtorch's own views keep their strides and storage offset.
 
 use proptest::prelude::*;
-use tensorbridge_tch::{Error, ToTchOptions, from_tch, to_tch_with};
+use tensorbridge_tch::{Error, ExportOptions};
 use tensorbridge_testkit::{DropCounter, HostBuffer, small_layout};
 
 use crate::torch_values;
@@ -24,8 +24,8 @@ proptest! {
         let counter = DropCounter::new();
         let t = buffer.into_tensor(&counter); // read-only: the buffer is shared
         // SAFETY: nothing writes through the libtorch tensor.
-        let options = unsafe { ToTchOptions::new().allow_read_only() };
-        let torch = to_tch_with(&t, options).unwrap();
+        let options = unsafe { ExportOptions::new().allow_read_only() };
+        let torch = tensorbridge_tch::export_with(&t, options).unwrap();
         prop_assert_eq!(torch.size(), shape.clone());
         prop_assert_eq!(torch.stride(), strides.clone());
         if t.numel() > 0 {
@@ -33,7 +33,7 @@ proptest! {
         }
         prop_assert_eq!(torch_values(&torch), expected.clone());
 
-        let back = from_tch(&torch).unwrap();
+        let back = tensorbridge_tch::import(&torch).unwrap();
         prop_assert_eq!(back.shape(), &shape[..]);
         prop_assert_eq!(back.strides_elems(), &strides[..]);
         prop_assert_eq!(back.data_ptr(), torch.data_ptr() as usize);
@@ -52,9 +52,9 @@ proptest! {
         let counter = DropCounter::new();
         let t = buffer.into_tensor(&counter);
         // SAFETY: nothing writes through a libtorch tensor (none is made).
-        let options = unsafe { ToTchOptions::new().allow_read_only() };
+        let options = unsafe { ExportOptions::new().allow_read_only() };
         let dim = strides.iter().position(|&s| s < 0).unwrap();
-        let err = to_tch_with(&t, options).unwrap_err();
+        let err = tensorbridge_tch::export_with(&t, options).unwrap_err();
         let refused = matches!(
             err,
             Error::NegativeStride { dim: d, stride } if d == dim && stride == strides[dim]
@@ -89,7 +89,7 @@ proptest! {
                 _ => view,
             };
         }
-        let shared = from_tch(&view).unwrap();
+        let shared = tensorbridge_tch::import(&view).unwrap();
         prop_assert_eq!(shared.shape(), &view.size()[..]);
         prop_assert_eq!(shared.strides_elems(), &view.stride()[..]);
         prop_assert_eq!(shared.data_ptr(), view.data_ptr() as usize);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tch::Kind;
 use tensorbridge::{Access, DType, Device};
-use tensorbridge_tch::{Error, from_tch, to_tch};
+use tensorbridge_tch::Error;
 use tensorbridge_testkit::DropCounter;
 
 use crate::{claimed, counted_tensor, torch_values};
@@ -15,7 +15,7 @@ use crate::{claimed, counted_tensor, torch_values};
 fn released_once_after_every_libtorch_view_and_clone() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[4, 6]);
-    let torch = to_tch(&t).unwrap();
+    let torch = tensorbridge_tch::export(&t).unwrap();
     let clone = t.clone();
     drop(t);
     drop(clone);
@@ -43,8 +43,8 @@ fn released_once_after_every_libtorch_view_and_clone() {
 fn each_conversion_holds_its_own_clone() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[3]);
-    let a = to_tch(&t).unwrap();
-    let b = to_tch(&t).unwrap();
+    let a = tensorbridge_tch::export(&t).unwrap();
+    let b = tensorbridge_tch::export(&t).unwrap();
     assert_eq!(Arc::strong_count(t.owner()), 3);
     drop((t, a));
     assert_eq!(counter.drops(), 0);
@@ -56,7 +56,7 @@ fn each_conversion_holds_its_own_clone() {
 fn released_on_the_thread_that_drops_the_last_view() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[2, 2]);
-    let torch = to_tch(&t).unwrap();
+    let torch = tensorbridge_tch::export(&t).unwrap();
     drop(t);
     let view = torch.transpose(0, 1);
     drop(torch);
@@ -76,12 +76,12 @@ fn released_on_the_thread_that_drops_the_last_view() {
 fn round_trips_release_the_original_owner_once() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[2, 3]);
-    let torch = to_tch(&t).unwrap();
+    let torch = tensorbridge_tch::export(&t).unwrap();
     drop(t);
-    let back = from_tch(&torch.narrow(0, 1, 1)).unwrap(); // owned by a shallow clone
+    let back = tensorbridge_tch::import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a shallow clone
     drop(torch);
     assert_eq!(counter.drops(), 0);
-    let again = to_tch(&back).unwrap(); // a second storage over the same memory
+    let again = tensorbridge_tch::export(&back).unwrap(); // a second storage over the same memory
     drop(back);
     assert_eq!(counter.drops(), 0);
     assert_eq!(torch_values(&again), [3.0, 4.0, 5.0]);
@@ -90,9 +90,9 @@ fn round_trips_release_the_original_owner_once() {
 }
 
 #[test]
-fn from_tch_keeps_libtorch_memory_alive() {
+fn import_keeps_libtorch_memory_alive() {
     let torch = tch::Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).reshape([2, 3]);
-    let shared = from_tch(&torch.transpose(0, 1)).unwrap();
+    let shared = tensorbridge_tch::import(&torch.transpose(0, 1)).unwrap();
     drop(torch); // the shallow clone in the owner still holds the storage
     assert_eq!(
         shared.host_view::<f32>().unwrap().to_contiguous(),
@@ -110,14 +110,14 @@ fn from_tch_keeps_libtorch_memory_alive() {
 #[test]
 fn refusals_and_failures_keep_no_clone() {
     let t = claimed(Device::CPU, DType::FLOAT32, &[4], Access::ReadOnly);
-    assert!(matches!(to_tch(&t), Err(Error::ReadOnly)));
+    assert!(matches!(tensorbridge_tch::export(&t), Err(Error::ReadOnly)));
     assert_eq!(Arc::strong_count(t.owner()), 1);
 
     // A failure inside libtorch: without a GPU it has no current CUDA stream to report.
     // (The unit tests cover failures after the owner reached the shim.)
     if !tch::Cuda::is_available() {
         let t = claimed(Device::cuda(0), DType::FLOAT32, &[4], Access::ReadWrite);
-        let err = to_tch(&t).unwrap_err();
+        let err = tensorbridge_tch::export(&t).unwrap_err();
         assert!(matches!(err, Error::Torch { .. }), "{err}");
         assert_eq!(Arc::strong_count(t.owner()), 1);
     }

@@ -2,7 +2,7 @@
 
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device, DeviceType};
-use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout, from_tch, to_tch};
+use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout};
 
 use crate::claimed;
 
@@ -10,7 +10,7 @@ use crate::claimed;
 
 #[test]
 fn undefined_tensors() {
-    let err = from_tch(&tch::Tensor::new()).unwrap_err();
+    let err = tensorbridge_tch::import(&tch::Tensor::new()).unwrap_err();
     assert!(matches!(err, Error::Undefined));
     assert_eq!(
         err.to_string(),
@@ -22,7 +22,7 @@ fn undefined_tensors() {
 fn sparse_tensors() {
     let dense = tch::Tensor::eye(3, (Kind::Float, TchDevice::Cpu));
     let sparse = dense.to_sparse(None, None::<&[i64]>, None);
-    let err = from_tch(&sparse).unwrap_err();
+    let err = tensorbridge_tch::import(&sparse).unwrap_err();
     assert!(matches!(
         err,
         Error::NotStrided {
@@ -38,17 +38,17 @@ fn sparse_tensors() {
 #[test]
 fn conjugate_and_negative_bits() {
     let z = tch::Tensor::zeros([2], (Kind::ComplexFloat, TchDevice::Cpu));
-    let err = from_tch(&z.conj()).unwrap_err();
+    let err = tensorbridge_tch::import(&z.conj()).unwrap_err();
     assert!(matches!(err, Error::ConjugateBit));
     assert_eq!(
         err.to_string(),
         "the tensor's conjugate bit is set, so its memory holds the unconjugated values \
          (expected a materialised tensor; call resolve_conj() first)"
     );
-    assert!(from_tch(&z.conj().resolve_conj()).is_ok());
+    assert!(tensorbridge_tch::import(&z.conj().resolve_conj()).is_ok());
 
     let x = tch::Tensor::zeros([2], (Kind::Float, TchDevice::Cpu));
-    let err = from_tch(&x.internal_neg_view()).unwrap_err();
+    let err = tensorbridge_tch::import(&x.internal_neg_view()).unwrap_err();
     assert!(matches!(err, Error::NegativeBit));
     assert_eq!(
         err.to_string(),
@@ -83,12 +83,12 @@ fn devices_without_memory() {
 #[test]
 fn read_only_tensors() {
     let t = claimed(Device::CPU, DType::FLOAT32, &[4], Access::ReadOnly);
-    let err = to_tch(&t).unwrap_err();
+    let err = tensorbridge_tch::export(&t).unwrap_err();
     assert!(matches!(err, Error::ReadOnly));
     assert_eq!(
         err.to_string(),
         "the tensor is read-only but libtorch has no read-only tensors (expected a writable \
-         tensor, or ToTchOptions::allow_read_only to share it knowingly)"
+         tensor, or ExportOptions::allow_read_only to share it knowingly)"
     );
 }
 
@@ -106,7 +106,7 @@ fn negative_strides() {
     let t = unsafe {
         tensorbridge::Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone())
     };
-    let err = to_tch(&t).unwrap_err();
+    let err = tensorbridge_tch::export(&t).unwrap_err();
     assert!(matches!(err, Error::NegativeStride { dim: 0, stride: -2 }));
     assert_eq!(
         err.to_string(),
@@ -117,7 +117,8 @@ fn negative_strides() {
 #[test]
 fn sub_byte_and_unsupported_dtypes() {
     let fp4 = DType::FLOAT4_E2M1FN;
-    let err = to_tch(&claimed(Device::CPU, fp4, &[4], Access::ReadWrite)).unwrap_err();
+    let err =
+        tensorbridge_tch::export(&claimed(Device::CPU, fp4, &[4], Access::ReadWrite)).unwrap_err();
     assert!(matches!(err, Error::SubByte { dtype } if dtype == fp4));
     assert_eq!(
         err.to_string(),
@@ -126,7 +127,8 @@ fn sub_byte_and_unsupported_dtypes() {
     );
 
     let e3m4 = DType::new(DTypeCode::Float8E3M4, 8, 1).unwrap();
-    let err = to_tch(&claimed(Device::CPU, e3m4, &[4], Access::ReadWrite)).unwrap_err();
+    let err =
+        tensorbridge_tch::export(&claimed(Device::CPU, e3m4, &[4], Access::ReadWrite)).unwrap_err();
     assert!(matches!(err, Error::UnsupportedDType { dtype } if dtype == e3m4));
     assert_eq!(
         err.to_string(),
@@ -134,7 +136,8 @@ fn sub_byte_and_unsupported_dtypes() {
          bfloat16, complex, an fp8 type libtorch has, or float4_e2m1fnx2)"
     );
     let vector = DType::new(DTypeCode::Float, 32, 4).unwrap();
-    let err = to_tch(&claimed(Device::CPU, vector, &[2], Access::ReadWrite)).unwrap_err();
+    let err = tensorbridge_tch::export(&claimed(Device::CPU, vector, &[2], Access::ReadWrite))
+        .unwrap_err();
     assert!(matches!(err, Error::UnsupportedDType { .. }), "{err}");
 }
 
@@ -142,10 +145,12 @@ fn sub_byte_and_unsupported_dtypes() {
 fn devices_libtorch_cannot_take() {
     for kind in [DeviceType::Vulkan, DeviceType::Rocm, DeviceType::OpenCl] {
         let device = Device::new(kind, 0);
-        let err = to_tch(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite)).unwrap_err();
+        let err =
+            tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite))
+                .unwrap_err();
         assert!(matches!(err, Error::UnsupportedDevice { device: d } if d == device));
     }
-    let err = to_tch(&claimed(
+    let err = tensorbridge_tch::export(&claimed(
         Device::new(DeviceType::Metal, 0),
         DType::FLOAT32,
         &[4],
@@ -159,7 +164,8 @@ fn devices_libtorch_cannot_take() {
     );
 
     let device = Device::cuda(200);
-    let err = to_tch(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite)).unwrap_err();
+    let err = tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite))
+        .unwrap_err();
     assert!(matches!(err, Error::OrdinalOutOfRange { device: d } if d == device));
     assert_eq!(
         err.to_string(),
@@ -173,7 +179,7 @@ fn libtorch_failures_carry_its_message() {
         return; // The GPU suite covers CUDA; this is the no-GPU path.
     }
     let t = claimed(Device::cuda(0), DType::FLOAT32, &[4], Access::ReadWrite);
-    let err = to_tch(&t).unwrap_err();
+    let err = tensorbridge_tch::export(&t).unwrap_err();
     let Error::Torch { call, message } = &err else {
         panic!("expected a libtorch failure, got {err}");
     };

@@ -3,14 +3,13 @@
 
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Ready, Tensor};
-use tensorbridge_tch::{from_tch, to_tch};
 
 use crate::torch_values;
 
 #[test]
-fn to_tch_shares_memory_both_ways() {
+fn export_shares_memory_both_ways() {
     let t = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[3, 4]).unwrap();
-    let mut torch = to_tch(&t).unwrap();
+    let mut torch = tensorbridge_tch::export(&t).unwrap();
     assert_eq!(torch.data_ptr() as usize, t.data_ptr());
     assert_eq!(torch.device(), TchDevice::Cpu);
     assert_eq!(torch.kind(), Kind::Float);
@@ -37,9 +36,9 @@ fn to_tch_shares_memory_both_ways() {
 }
 
 #[test]
-fn from_tch_shares_memory_both_ways() {
+fn import_shares_memory_both_ways() {
     let mut torch = tch::Tensor::zeros([2, 5], (Kind::Double, TchDevice::Cpu));
-    let shared = from_tch(&torch).unwrap();
+    let shared = tensorbridge_tch::import(&torch).unwrap();
     assert_eq!(shared.data_ptr(), torch.data_ptr() as usize);
     assert_eq!(shared.device(), Device::CPU);
     assert!(matches!(shared.ready(), Ready::Now));
@@ -65,10 +64,10 @@ fn offsets_survive_both_ways() {
     };
     // SAFETY: elements 2, 3 and 4 of `base`, whose owner is shared.
     let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone()) };
-    let torch = to_tch(&t).unwrap();
+    let torch = tensorbridge_tch::export(&t).unwrap();
     assert_eq!(torch.data_ptr() as usize, base.data_ptr() + 8); // folded into the pointer
     assert_eq!(Vec::<i32>::try_from(&torch).unwrap(), [2, 3, 4]);
-    let back = from_tch(&torch.narrow(0, 1, 2)).unwrap();
+    let back = tensorbridge_tch::import(&torch.narrow(0, 1, 2)).unwrap();
     // libtorch's storage starts at element 0 of `t`: the view's storage offset is 1.
     assert_eq!((back.data(), back.byte_offset()), (base.data_ptr() + 8, 4));
     assert_eq!(back.host_view::<i32>().unwrap().to_contiguous(), [3, 4]);

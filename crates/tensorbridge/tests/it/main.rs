@@ -1,4 +1,4 @@
-//! The core's public API, one module per area (STYLE.md: one integration binary per crate).
+//! The core's public API, one module per area (one integration binary per crate: one link, one test process).
 
 mod layout;
 mod names;
