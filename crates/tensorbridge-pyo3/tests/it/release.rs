@@ -47,11 +47,7 @@ fn a_producer_is_released_when_its_owner_drops_with_the_gil_released_under_pyo3(
         assert!(refcnt(&producer) > before, "the tensor holds the producer");
         // The owner's drop takes the GIL itself (and gives it back).
         gil_released_behind_pyo3s_back(move || drop(t));
-        assert_eq!(
-            refcnt(&producer),
-            before,
-            "released at once, not deferred"
-        );
+        assert_eq!(refcnt(&producer), before, "released at once, not deferred");
     });
 }
 
@@ -64,7 +60,10 @@ fn a_release_callback_runs_once_when_the_gil_was_released_under_pyo3() {
             "tb.from_ptr(__import__('ctypes').addressof(b), (4,), 'uint8', device='cpu', \
              owner=b, release=lambda: calls.append(1))",
             &[
-                ("b", &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap()),
+                (
+                    "b",
+                    &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap(),
+                ),
                 ("calls", calls.as_any()),
             ],
         )
@@ -96,7 +95,11 @@ fn take_panic_exception(py: Python<'_>) -> bool {
     // SAFETY: attached; `PyErr_Occurred` returns a borrowed type or null.
     let occurred = unsafe { ffi::PyErr_Occurred() };
     let is_panic = !occurred.is_null()
-        && occurred == py.get_type::<PanicException>().as_ptr().cast::<ffi::PyObject>();
+        && occurred
+            == py
+                .get_type::<PanicException>()
+                .as_ptr()
+                .cast::<ffi::PyObject>();
     // SAFETY: attached.
     unsafe { ffi::PyErr_Clear() };
     is_panic
@@ -127,7 +130,10 @@ fn a_release_callback_runs_while_a_panic_exception_is_in_flight() {
             "tb.from_ptr(__import__('ctypes').addressof(b), (4,), 'uint8', device='cpu', \
              owner=b, release=lambda: calls.append(1))",
             &[
-                ("b", &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap()),
+                (
+                    "b",
+                    &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap(),
+                ),
                 ("calls", calls.as_any()),
             ],
         )
