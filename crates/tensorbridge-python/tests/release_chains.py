@@ -70,6 +70,22 @@ def fresh_capsule(x) -> bool:
     return is_capsule(x) and capsule_name(x) in ("dltensor", "dltensor_versioned")
 
 
+class Forward:
+    """A producer that forwards DLPack and the CUDA Array Interface to an array that has no
+    weak references, holding it: its own death (weakly referenced) is the array's release."""
+
+    def __init__(self, array):
+        self.array = array
+        if hasattr(array, "__cuda_array_interface__"):
+            self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
 class Hop:
     """One hand-off: ``apply(x)`` makes a new object over ``x``'s memory (or a copy of it)."""
 
@@ -108,6 +124,12 @@ def frameworks(device: str):
     def asview_root(make_owner):
         def root():
             owner = make_owner()
+            try:
+                weakref.ref(owner)
+            except TypeError:
+                # No weak references (CuPy's ndarray): a forwarding producer stands in, so
+                # that tensorbridge still imports through the array's own protocols.
+                owner = Forward(owner)
             fin = []
             weakref.finalize(owner, fin.append, 1)
             return tb.asview(owner), (lambda: len(fin), 1)

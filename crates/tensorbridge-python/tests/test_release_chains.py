@@ -7,39 +7,9 @@ state after PyTorch released the GIL around its storage deleter; SIGABRT: a pani
 inside a capsule destructor), which must be a failing test, not a dead pytest run.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tbhelpers import run_isolated
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def run_chains(device: str, threads: int, timeout: float = 300.0):
-    """Runs ``release_chains.py`` in a fresh interpreter; returns its RESULT dict, or fails
-    naming the chain that was running when it died."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run(
-        [sys.executable, os.path.join(HERE, "release_chains.py"), "--device", device, "--threads", str(threads)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    lines = r.stdout.splitlines()
-    started = [line for line in lines if line.startswith("START ")]
-    result = [line for line in lines if line.startswith("RESULT ")]
-    assert r.returncode == 0 and result, (
-        f"release_chains.py --threads {threads} died (rc {r.returncode}) "
-        f"during: {started[-1] if started else '?'}\n{r.stderr[-3000:]}"
-    )
-    return json.loads(result[-1][len("RESULT ") :])
-
+from tbhelpers import run_isolated, run_release_chains
 
 # The chains the issue reported, spelled out (each also in the matrix below).
 ISSUE_CHAINS = [
@@ -95,7 +65,7 @@ def test_every_chain_every_release_order(threads):
     ``experimental.dlpack``), each released in every order; on 16 threads the objects are
     made on one thread and released on another. The memory's owner is released exactly
     once, never while a user is alive."""
-    stats = run_chains("cpu", threads)
+    stats = run_release_chains("cpu", threads)
     assert not stats["failures"], "\n".join(stats["failures"][:50])
     assert stats["chains"] > 0 and stats["orders"] > stats["chains"]
     print(

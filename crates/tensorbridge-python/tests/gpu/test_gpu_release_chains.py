@@ -11,21 +11,14 @@ fails the test; under compute-sanitizer run that script directly:
 ``compute-sanitizer --tool memcheck python3 release_chains.py --device cuda --threads 1``.
 """
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-from test_release_chains import run_chains  # noqa: E402
-from tbhelpers import run_isolated  # noqa: E402
+from tbhelpers import run_isolated, run_release_chains
 
 
 @pytest.mark.parametrize("threads", [1, 16])
 def test_gpu_every_chain_every_release_order(threads):
-    stats = run_chains("cuda", threads, timeout=580.0)
+    stats = run_release_chains("cuda", threads, timeout=580.0)
     assert not stats["failures"], "\n".join(stats["failures"][:50])
     assert stats["chains"] > 0 and stats["orders"] > stats["chains"]
     print(
