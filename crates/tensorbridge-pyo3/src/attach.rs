@@ -176,9 +176,17 @@ pub(crate) unsafe fn keeping_exception<R>(work: impl FnOnce(&Gil) -> R) -> R {
 /// running process once. Where neither is found, `false`: the check is a best effort anyway
 /// (finalisation may start right after it), as pyo3's own is.
 fn finalizing() -> bool {
-    type IsFinalizing = unsafe extern "C" fn() -> c_int;
+    // SAFETY: CPython's `int Py_IsFinalizing(void)`: an atomic read of the runtime state.
+    is_finalizing_function().is_some_and(|f| unsafe { f() } != 0)
+}
+
+/// CPython's `int (*)(void)` finalisation query.
+type IsFinalizing = unsafe extern "C" fn() -> c_int;
+
+/// `Py_IsFinalizing` or `_Py_IsFinalizing` from the running process, looked up once.
+fn is_finalizing_function() -> Option<IsFinalizing> {
     static FUNCTION: OnceLock<Option<IsFinalizing>> = OnceLock::new();
-    let function = FUNCTION.get_or_init(|| {
+    *FUNCTION.get_or_init(|| {
         [c"Py_IsFinalizing", c"_Py_IsFinalizing"]
             .into_iter()
             .find_map(|name| {
@@ -189,9 +197,7 @@ fn finalizing() -> bool {
                     std::mem::transmute::<*mut c_void, IsFinalizing>(s.as_ptr())
                 })
             })
-    });
-    // SAFETY: CPython's `int Py_IsFinalizing(void)`: an atomic read of the runtime state.
-    function.is_some_and(|f| unsafe { f() } != 0)
+    })
 }
 
 /// `dlsym(RTLD_DEFAULT, name)`: the symbol in the process's global scope, or null.
@@ -219,4 +225,31 @@ unsafe fn lookup(name: *const c_char) -> *mut c_void {
 #[cfg(not(unix))]
 unsafe fn lookup(_name: *const c_char) -> *mut c_void {
     std::ptr::null_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attaches_from_a_thread_that_does_not_hold_the_gil() {
+        pyo3::Python::initialize();
+        assert!(
+            is_finalizing_function().is_some(),
+            "Py_IsFinalizing or _Py_IsFinalizing is exported by the running CPython"
+        );
+        assert!(!finalizing());
+        // A fresh thread: no GIL, no pyo3 frame. `attached` must take the GIL itself.
+        let seen = std::thread::spawn(|| {
+            attached(|_gil| {
+                // SAFETY: `PyGILState_Check` may be called at any time after initialisation.
+                unsafe { PyGILState_Check() }
+            })
+        })
+        .join()
+        .expect("no panic");
+        assert_eq!(seen, Some(1), "the GIL is held inside `attached`");
+        // SAFETY: as above.
+        assert_eq!(unsafe { PyGILState_Check() }, 0, "and given back after");
+    }
 }
