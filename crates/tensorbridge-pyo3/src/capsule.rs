@@ -9,6 +9,11 @@
 //! at once, before anything can fail, so the capsule's destructor, which releases the managed
 //! tensor only while the capsule still has its fresh name, becomes a no-op. A capsule nobody
 //! consumed releases its tensor when Python destroys it.
+//!
+//! Consumption is one critical section on the capsule (free-threaded builds run consumers in
+//! parallel; exactly one wins), and destructors keep the exception in flight with raw
+//! `PyErr_Fetch`/`PyErr_Restore`, so a `PanicException` propagating past a dying capsule is
+//! never resumed as a Rust panic inside the destructor (see `attach.rs`).
 
 use std::ffi::{CStr, c_void};
 use std::ptr::NonNull;
@@ -64,7 +69,20 @@ pub(crate) fn is_dlpack_capsule(capsule: &Bound<'_, PyCapsule>) -> bool {
 ///
 /// Fails, leaving the capsule as it was, for a used capsule ([`Error::UsedCapsule`]), a
 /// capsule of another kind ([`Error::CapsuleName`]) or a null pointer.
+///
+/// Atomic per capsule: reading the name, taking the pointer and renaming happen in one
+/// critical section on the capsule, so of several threads consuming one capsule at once on
+/// a free-threaded build exactly one gets the tensor and the others
+/// [`Error::UsedCapsule`] (on GIL builds the critical section is a no-op: the GIL already
+/// serialises the three calls, none of which releases it).
 pub(crate) fn consume(capsule: &Bound<'_, PyCapsule>) -> Result<Consumed> {
+    pyo3::sync::critical_section::with_critical_section(capsule.as_any(), || {
+        consume_locked(capsule)
+    })
+}
+
+/// [`consume`] inside the critical section.
+fn consume_locked(capsule: &Bound<'_, PyCapsule>) -> Result<Consumed> {
     let name = name_of(capsule)?;
     let (fresh, used, versioned) = match name.as_deref() {
         Some("dltensor_versioned") => (DLTENSOR_VERSIONED, USED_DLTENSOR_VERSIONED, true),
@@ -168,31 +186,36 @@ unsafe fn release_legacy(m: *mut DLManagedTensor) {
 /// The capsule destructor both kinds share: releases the tensor only if the capsule still
 /// has its fresh name (nobody consumed it), keeping any exception in flight.
 ///
+/// The exception is stashed with the raw `PyErr_Fetch` / `PyErr_Restore`, never through
+/// `PyErr::take`: a capsule often dies while an exception propagates (the frame that held it
+/// unwinds), and when that exception is pyo3's `PanicException`, `PyErr::take` would resume
+/// the panic inside this `extern "C"` callback and abort the process.
+///
+/// No consumer can race the destructor, on free-threaded builds either: a consumer holds a
+/// reference to the capsule, and the destructor runs when the last one is gone.
+///
 /// # Safety
 /// 1. Called by Python on a capsule being destroyed, with the GIL held.
 unsafe fn destroy(capsule: *mut ffi::PyObject, fresh: &CStr, free: unsafe fn(*mut c_void)) {
-    // SAFETY: `capsule` is live (being destroyed) and we are attached (obligation 1);
+    // SAFETY: `capsule` is live (being destroyed) and we hold the GIL (obligation 1);
     // `PyCapsule_IsValid` sets no exception.
     if unsafe { ffi::PyCapsule_IsValid(capsule, fresh.as_ptr()) } != 1 {
         // Consumed (renamed `used_*`): the consumer owns the tensor now.
         return;
     }
-    // SAFETY: attached (obligation 1).
-    let py = unsafe { Python::assume_attached() };
-    // A capsule may die while an exception propagates: keep it (docs/PROTOCOLS.md,
-    // "Capsules").
-    let pending = PyErr::take(py);
-    // SAFETY: valid with this name (checked above), so this returns the stored pointer
-    // without setting an exception.
-    let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule, fresh.as_ptr()) };
-    if !ptr.is_null() {
-        // SAFETY: the capsule owned the tensor and nobody consumed it; it dies now, so this
-        // is the one release.
-        unsafe { free(ptr) };
-    }
-    if let Some(pending) = pending {
-        pending.restore(py);
-    }
+    let release = |_gil: &crate::attach::Gil| {
+        // SAFETY: valid with this name (checked above), so this returns the stored pointer
+        // without setting an exception.
+        let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule, fresh.as_ptr()) };
+        if !ptr.is_null() {
+            // SAFETY: the capsule owned the tensor and nobody consumed it; it dies now, so
+            // this is the one release.
+            unsafe { free(ptr) };
+        }
+    };
+    // A capsule may die while an exception propagates: keep it, as it is.
+    // SAFETY: Python holds the GIL for us (obligation 1).
+    unsafe { crate::attach::keeping_exception(release) }
 }
 
 unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {

@@ -75,8 +75,11 @@
 //!   last clone is dropped; the held buffer-protocol view, released once. Capsules are
 //!   consumed exactly once: renamed before the import can fail, so a refused import releases
 //!   the tensor through our owner and never through the capsule. Owners may be dropped on any
-//!   thread: they attach to the interpreter to release Python objects and leak them if it is
-//!   gone.
+//!   thread and inside other frameworks' deleters (PyTorch runs them with the GIL released,
+//!   even where pyo3 believes it is held): they take the GIL as the interpreter reports it
+//!   (`PyGILState_Check`/`PyGILState_Ensure`, not pyo3's thread-local count), release Python
+//!   objects at once with raw reference counting, and leak them if the interpreter is gone
+//!   or finalising.
 //! - **Export**: a capsule owns its managed tensor until a consumer renames it; Python
 //!   destroying an unconsumed capsule releases it (keeping any exception in flight). The
 //!   managed tensor holds a clone of the tensor's owner, so the memory outlives the view
@@ -90,6 +93,20 @@
 //!   callback must not rely on the attributes of the object that holds the view. Cycles
 //!   through a producer that a DLPack deleter also holds (NumPy's `__dlpack__`, PyTorch
 //!   tensors, whose C++ side then holds them) are not visible and stay uncollected.
+//!   (view, DLPack consumer, clone) is gone. An exception `release()` raises is reported as
+//!   unraisable (`sys.unraisablehook`).
+//! - **Exceptions in flight**: every destructor (owners, capsules) stashes the exception in
+//!   flight with the raw `PyErr_Fetch`/`PyErr_Restore` and puts it back unchanged: a
+//!   `PanicException` propagating past a dying capsule is never resumed as a Rust panic
+//!   inside the C callback (which would abort the process).
+//!
+//! # Threads and free-threaded Python
+//! Nothing here relies on the GIL for mutual exclusion, so a module may declare
+//! `#[pymodule(gil_used = false)]` (the wheel does). Consuming a capsule (read its name, take
+//! the pointer, rename it) is one critical section on the capsule
+//! (`pyo3::sync::critical_section::with_critical_section`, a no-op on GIL builds): of several
+//! threads consuming one capsule, exactly one gets the tensor and the others a
+//! `BufferError`. A free-threaded interpreter needs a build of this crate without `abi3`.
 //!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
@@ -113,6 +130,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attach;
 mod buffer;
 mod capsule;
 mod convert;

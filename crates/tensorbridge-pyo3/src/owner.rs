@@ -2,13 +2,16 @@
 //! producer object, a held buffer-protocol view, a `release` callback.
 //!
 //! A tensor's owner is dropped wherever its last clone goes: on a thread holding the GIL, on
-//! one that does not (a DLPack consumer may call our deleter from any thread), or while
-//! Python shuts down. So every drop here attaches to the interpreter itself
-//! ([`Python::try_attach`]), keeps any exception that is in flight, and, when the interpreter
-//! is gone, leaks rather than touches it. Attaching matters even where the GIL is held: a
-//! DLPack consumer calls our deleter from C with the GIL but not through pyo3, and a bare
-//! `Py<PyAny>` dropped there would only be queued for the next time pyo3 attaches, keeping
-//! the producer alive until some unrelated call.
+//! one that does not (a DLPack consumer may call our deleter from any thread), inside another
+//! framework's deleter that released the GIL while pyo3 believes it is held (PyTorch
+//! destroying a tensor made from our export), or while Python shuts down. So every drop here
+//! goes through [`attached`]: the GIL as the interpreter itself reports it, taken when
+//! missing, any exception in flight stashed raw and put back, and raw C API calls that never
+//! consult pyo3's thread-local count; when the interpreter is gone, the owner leaks rather
+//! than touches it. Releasing at once matters even where the GIL is held: a DLPack consumer
+//! calls our deleter from C with the GIL but not through pyo3, and a bare `Py<PyAny>`
+//! dropped there would only be queued for the next time pyo3 attaches, keeping the producer
+//! alive until some unrelated call.
 
 use std::ptr::NonNull;
 
@@ -16,22 +19,18 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, gc::PyVisit};
 use tensorbridge::Owner;
 
+use crate::attach::attached;
 use crate::ffi::{Py_buffer, PyBuffer_Release};
 
-/// Releases a Python reference now: attached, so the object is freed at once (not queued).
-/// Leaks it when the interpreter is gone.
+/// Releases a Python reference now: the real GIL held, so the object is freed at once (not
+/// queued in pyo3's pool). Leaks it when the interpreter is gone.
 fn release_now(object: Py<PyAny>) {
-    let mut object = Some(object);
-    let done = Python::try_attach(|py| {
-        let pending = PyErr::take(py);
-        drop(object.take());
-        if let Some(pending) = pending {
-            pending.restore(py);
-        }
-    });
-    if done.is_none() {
-        std::mem::forget(object);
-    }
+    // Out of pyo3's hands: its `Drop` would trust its own count of attached frames.
+    let Some(ptr) = NonNull::new(object.into_ptr()) else {
+        return;
+    };
+    // `None` (the interpreter is gone): the reference is leaked with the process.
+    let _ = attached(|gil| gil.decref(ptr));
 }
 
 /// Keeps a Python object alive, and with it whatever owned the memory before (`inner`).
@@ -84,32 +83,23 @@ impl Drop for Release {
 }
 
 impl Release {
-    /// Calls the callback, once, attached; when the interpreter is gone or going it cannot
-    /// run, and the memory it would have released goes with the process.
+    /// Calls the callback, once, with the GIL held; when the interpreter is gone or going it
+    /// cannot run, and the memory it would have released goes with the process. An exception
+    /// in flight (a capsule destructor runs while one unwinds, a `PanicException` included)
+    /// is neither seen nor cleared by the callback; one the callback raises is reported as
+    /// unraisable, the way CPython reports errors in finalizers.
     fn call(&mut self) {
         let Some(callback) = self.callback.take() else {
             return;
         };
-        let mut callback = Some(callback);
-        let called = Python::try_attach(|py| {
-            let Some(callback) = callback.take() else {
-                return;
-            };
-            // An exception may be in flight (a capsule destructor runs while one unwinds):
-            // keep it, so the callback neither sees nor clears it.
-            let pending = PyErr::take(py);
-            if let Err(err) = callback.call0(py) {
-                // Nobody to raise to: report it the way CPython reports errors in finalizers.
-                err.write_unraisable(py, Some(callback.bind(py)));
-            }
-            drop(callback);
-            if let Some(pending) = pending {
-                pending.restore(py);
-            }
+        let Some(ptr) = NonNull::new(callback.into_ptr()) else {
+            return;
+        };
+        // `None` (the interpreter is gone): the callback and its reference are leaked.
+        let _ = attached(|gil| {
+            gil.call_unraisable(ptr);
+            gil.decref(ptr);
         });
-        if called.is_none() {
-            std::mem::forget(callback);
-        }
     }
 }
 
@@ -188,9 +178,9 @@ impl HeldBuffer {
 impl Drop for HeldBuffer {
     fn drop(&mut self) {
         let view = self.view.as_ptr();
-        let released = Python::try_attach(|_py| {
-            // SAFETY: attached to the interpreter; `view` was filled by `PyObject_GetBuffer`
-            // (`new`'s obligation 1) and is released exactly once, here.
+        let released = attached(|_gil| {
+            // SAFETY: the GIL is held (the `Gil` proof); `view` was filled by
+            // `PyObject_GetBuffer` (`new`'s obligation 1) and is released exactly once, here.
             unsafe { PyBuffer_Release(view) };
         });
         if released.is_some() {
@@ -202,7 +192,7 @@ impl Drop for HeldBuffer {
 }
 
 // SAFETY: the view is touched only by `view()` (reads of plain fields) and by `drop`, which
-// attaches to the interpreter before releasing it; the buffer protocol allows releasing a
+// holds the GIL (checked with the interpreter, not pyo3) before releasing it; the buffer protocol allows releasing a
 // view from any thread that holds the GIL.
 unsafe impl Send for HeldBuffer {}
 // SAFETY: shared access only reads the filled struct, which nothing mutates until `drop`.

@@ -11,6 +11,8 @@ What lives here:
   host), libc ``malloc``/``free`` through ctypes, the resident set size from ``/proc/self/statm``.
 - ``run_isolated``: runs a snippet in a fresh interpreter, for cases where a framework is known to
   abort the process instead of raising (torch 2.11 on negative DLPack strides).
+- ``run_release_chains``: runs the release-chain matrix (``release_chains.py``) in a fresh
+  interpreter, for the host and the GPU suites.
 """
 
 from __future__ import annotations
@@ -328,3 +330,32 @@ def run_isolated(code: str, timeout: float = 240.0) -> subprocess.CompletedProce
 
 def describe_exc(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
+
+
+def run_release_chains(device: str, threads: int, timeout: float = 300.0) -> dict:
+    """Runs ``release_chains.py`` (beside this file) in a fresh interpreter and returns its
+    RESULT dict; fails naming the chain that was running if the interpreter died."""
+    import json
+
+    import pytest
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    r = subprocess.run(
+        [sys.executable, os.path.join(here, "release_chains.py"), "--device", device, "--threads", str(threads)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    lines = r.stdout.splitlines()
+    started = [line for line in lines if line.startswith("START ")]
+    result = [line for line in lines if line.startswith("RESULT ")]
+    if r.returncode != 0 or not result:
+        pytest.fail(
+            f"release_chains.py --device {device} --threads {threads} died (rc {r.returncode}) "
+            f"during: {started[-1] if started else '?'}\n{r.stderr[-3000:]}"
+        )
+    return json.loads(result[-1][len("RESULT ") :])
