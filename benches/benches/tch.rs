@@ -67,7 +67,12 @@ fn from_tch_group(c: &mut Criterion) {
         let torch = tch::Tensor::ones(shape(rank), (Kind::Float, Device::Cpu));
         group.bench_function(
             BenchmarkId::new("tensorbridge", format!("rank{rank}")),
-            |b| b.iter(|| black_box(from_tch(black_box(&torch)).expect("shareable"))),
+            |b| {
+                b.iter(|| {
+                    // SAFETY: nothing resizes `torch`'s storage during the bench.
+                    black_box(unsafe { from_tch(black_box(&torch)) }.expect("shareable"))
+                })
+            },
         );
         group.bench_function(
             BenchmarkId::new("tch_ptr_size_stride", format!("rank{rank}")),

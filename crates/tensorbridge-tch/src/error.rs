@@ -62,7 +62,10 @@ pub enum Error {
     },
 
     // ---- Tensor -> tch ----
-    /// A negative stride, which libtorch does not support.
+    /// A negative stride on a dimension that reaches memory (more than one element, in a
+    /// tensor with elements), which libtorch does not support. Negative strides that reach
+    /// nothing (size-1 dimensions, tensors without elements) are passed as their absolute
+    /// value instead.
     #[error("stride {stride} of dimension {dim} is negative (libtorch takes only strides >= 0)")]
     NegativeStride {
         /// The dimension.

@@ -13,9 +13,11 @@ use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 use tensorbridge_cudarc as tbc;
-use tensorbridge_tch::{from_tch, to_tch};
+use tensorbridge_tch::to_tch;
 
-use crate::{Affine, Kernels, affine, context, serial, timing_event, torch_values, wrong};
+use crate::{
+    Affine, Kernels, affine, context, from_tch, serial, timing_event, torch_values, wrong,
+};
 
 /// Elements written by the producer: 16 MiB of f32.
 const N: usize = 1 << 22;

@@ -23,6 +23,14 @@ use anyhow::{Context as _, Result, ensure};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 
+/// The crate's `from_tch`, for tests that never resize the storage of a tensor they import
+/// while the import lives (its safety obligation). The tests about resizing (`pinning`) call
+/// the crate's function themselves.
+fn from_tch(t: &tch::Tensor) -> Result<tensorbridge::Tensor, tensorbridge_tch::Error> {
+    // SAFETY: no test that calls this resizes the imported storage (see above).
+    unsafe { tensorbridge_tch::from_tch(t) }
+}
+
 /// One test at a time (see the module docs).
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());

@@ -5,9 +5,9 @@ use anyhow::Result;
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Layout, Ready, Stream};
 use tensorbridge_cudarc as tbc;
-use tensorbridge_tch::{from_tch, to_tch};
+use tensorbridge_tch::to_tch;
 
-use crate::{context, serial, torch_values};
+use crate::{context, from_tch, serial, torch_values};
 
 #[test]
 fn libtorch_cuda_tensors_cross_both_ways() -> Result<()> {

@@ -4,10 +4,10 @@ use proptest::prelude::*;
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device};
 use tensorbridge_tch::{
-    Error, ScalarType, ToTchOptions, dtype_of_kind, from_tch, kind_of_dtype, to_tch_with,
+    Error, ScalarType, ToTchOptions, dtype_of_kind, kind_of_dtype, to_tch_with,
 };
 
-use crate::claimed;
+use crate::{claimed, from_tch};
 
 const KINDS: [Kind; 20] = [
     Kind::Uint8,

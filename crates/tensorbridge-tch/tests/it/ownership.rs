@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use tch::Kind;
 use tensorbridge::{Access, DType, Device};
-use tensorbridge_tch::{Error, from_tch, to_tch};
+use tensorbridge_tch::{Error, to_tch};
 use tensorbridge_testkit::DropCounter;
 
-use crate::{claimed, counted_tensor, torch_values};
+use crate::{claimed, counted_tensor, from_tch, torch_values};
 
 #[test]
 fn released_once_after_every_libtorch_view_and_clone() {

@@ -2,9 +2,9 @@
 
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device, DeviceType};
-use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout, from_tch, to_tch};
+use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout, to_tch};
 
-use crate::claimed;
+use crate::{claimed, from_tch};
 
 // ---- tch -> Tensor ----
 

@@ -3,9 +3,9 @@
 
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Ready, Tensor};
-use tensorbridge_tch::{from_tch, to_tch};
+use tensorbridge_tch::to_tch;
 
-use crate::torch_values;
+use crate::{from_tch, torch_values};
 
 #[test]
 fn to_tch_shares_memory_both_ways() {
