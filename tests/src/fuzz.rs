@@ -682,7 +682,7 @@ fn edit<M: Head>(b: &mut Bytes<'_>, m: *mut M) -> (NonNull<M>, Scratch, bool) {
                     let v = b.dim();
                     // SAFETY: `p` reaches `len` values: our export's shown arrays (their
                     // provenance allows writes) or a scratch array.
-                    unsafe { p.add(i).write(v) };
+                    unsafe { p.wrapping_add(i).write(v) };
                 }
             }
             12 | 13 => {

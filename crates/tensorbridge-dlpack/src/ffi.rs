@@ -155,12 +155,14 @@ impl<M: Exportable> ExportCtx<M> {
         // SAFETY: `flags` describe the tensor (the caller's `export_flags`): read-only and
         // padding as its descriptor says, never `IS_COPIED` (exports are zero-copy).
         unsafe { managed.set_flags_unchecked(flags) };
-        // SAFETY: `ctx` is live, so the projections stay in bounds; aligned, uninitialised and
-        // ours alone: written once each. The context is now fully initialised.
-        unsafe {
-            (&raw mut (*ctx).sent).write(managed);
-            (&raw mut (*ctx).managed).write(managed);
-        }
+        // SAFETY: `ctx` is live, so the projection stays in bounds.
+        let sent = unsafe { &raw mut (*ctx).sent };
+        // SAFETY: as above.
+        let shared = unsafe { &raw mut (*ctx).managed };
+        // SAFETY: aligned, uninitialised and ours alone: written once.
+        unsafe { sent.write(managed) };
+        // SAFETY: as above. The context is now fully initialised.
+        unsafe { shared.write(managed) };
         // SAFETY: `ctx` came from `Box::into_raw`, never null. The cast keeps the box's
         // provenance, which `delete_export` needs to free the whole box (`managed` is at
         // offset 0).
@@ -177,27 +179,26 @@ impl<M: Exportable> ExportCtx<M> {
 /// 1. `place` is valid for writes of an `Imported`, aligned and uninitialised (nothing is
 ///    dropped), and no reference into it lives during the call.
 unsafe fn write_kept(place: *mut Imported, tensor: &Tensor, version: Option<DLPackVersion>) {
-    // SAFETY: valid (obligation 1): the projections stay in bounds.
-    let (slot, is_copied, kept_version) = unsafe {
-        (
-            &raw mut (*place).tensor,
-            &raw mut (*place).is_copied,
-            &raw mut (*place).version,
-        )
-    };
+    // SAFETY: valid (obligation 1): the projection stays in bounds.
+    let slot = unsafe { &raw mut (*place).tensor };
+    // SAFETY: as above.
+    let is_copied = unsafe { &raw mut (*place).is_copied };
+    // SAFETY: as above.
+    let kept_version = unsafe { &raw mut (*place).version };
     // SAFETY: in bounds, aligned and uninitialised; this unique reference to the field is
     // the only one while it lives. The clone is written in place, not moved in.
     tensor.clone_into_uninit(unsafe { &mut *slot.cast::<MaybeUninit<Tensor>>() });
     if tensor.device().kind.has_addresses() && tensor.byte_offset() != 0 {
         // SAFETY: initialised just above and ours alone; the value read out is written back
         // (folded) at once, so it is neither dropped twice nor lost.
-        unsafe { slot.write(slot.read().into_offset_folded()) };
+        let unfolded = unsafe { slot.read() };
+        // SAFETY: as above.
+        unsafe { slot.write(unfolded.into_offset_folded()) };
     }
-    // SAFETY: aligned, uninitialised, ours alone; written once each.
-    unsafe {
-        is_copied.write(false);
-        kept_version.write(version);
-    }
+    // SAFETY: aligned, uninitialised, ours alone; written once.
+    unsafe { is_copied.write(false) };
+    // SAFETY: as above.
+    unsafe { kept_version.write(version) };
 }
 
 /// The deleter of every managed tensor we export: frees the context, which drops the owner
@@ -321,7 +322,9 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
     // deleter runs, which has not happened (obligation 2; see above for copies). The
     // context's private fields are ours: no consumer was given a pointer to them. The
     // references end before the box is freed.
-    let (sent, kept) = unsafe { (&(*ctx).sent, &(*ctx).imported.tensor) };
+    let sent = unsafe { &(*ctx).sent };
+    // SAFETY: as above.
+    let kept = unsafe { &(*ctx).imported.tensor };
     if !same_fields(m, sent) || !wanted(kept) {
         return None;
     }
@@ -331,12 +334,9 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
     // each in the context's shown dimensions (`ShownDims::write`), live with the context;
     // the consumer that handed the struct back no longer writes them (obligation 1: the
     // fields do not change while the import reads them).
-    let (shape, strides) = unsafe {
-        (
-            std::slice::from_raw_parts(dl.shape.cast_const(), ndim),
-            std::slice::from_raw_parts(dl.strides.cast_const(), ndim),
-        )
-    };
+    let shape = unsafe { std::slice::from_raw_parts(dl.shape.cast_const(), ndim) };
+    // SAFETY: as for `shape`.
+    let strides = unsafe { std::slice::from_raw_parts(dl.strides.cast_const(), ndim) };
     if shape != kept.shape() || strides != kept.strides_elems() {
         return None;
     }
@@ -379,9 +379,11 @@ impl<M> OwnExport<M> {
         // SAFETY: initialised and owned (above); moved out once, straight into the caller's
         // place, and never dropped in the box (below).
         let imported = unsafe { slot.read() };
-        // SAFETY: initialised, owned, dropped once here, in place (it frees the spilled
+        // SAFETY: live (above): the projection stays in bounds.
+        let shown = unsafe { &raw mut (*ctx).shown };
+        // SAFETY: initialised and owned, dropped once here, in place (it frees the spilled
         // dimensions, if any); nothing reads it afterwards.
-        unsafe { std::ptr::drop_in_place(&raw mut (*ctx).shown) };
+        unsafe { std::ptr::drop_in_place(shown) };
         // SAFETY: the box's own pointer with its provenance (`managed` is the first field,
         // at offset 0); freed once, as `MaybeUninit` so that nothing is dropped again: the
         // tensor was moved out and the dimensions dropped above, and the managed structs are

@@ -16,7 +16,7 @@
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
 //! let torch = tensorbridge_tch::to_tch(&t)?.transpose(0, 1); // libtorch's own view
-//! // SAFETY: `to_tch` made the storage, and libtorch refuses to resize it.
+//! // Sound: `to_tch` made the storage, and libtorch refuses to resize it.
 //! let back = unsafe { tensorbridge_tch::from_tch(&torch) }?;
 //! assert_eq!(back.data_ptr(), t.data_ptr()); // one buffer all along
 //! assert_eq!(back.strides_elems(), [1, 3]);

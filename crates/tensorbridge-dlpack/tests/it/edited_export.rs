@@ -44,7 +44,7 @@ struct Edit {
 /// 1. `p` points to at least `index + 1` writable `i64`s.
 unsafe fn poke(p: *mut i64, index: usize, value: i64) {
     // SAFETY: obligation 1.
-    unsafe { p.add(index).write(value) };
+    unsafe { p.wrapping_add(index).write(value) };
 }
 
 fn tensor_edits() -> Vec<Edit> {
@@ -260,11 +260,12 @@ fn rank_9_exports_come_back_and_their_edits_are_seen() {
 
     // The last dimension's shape and stride edited (in the spilled arrays).
     let raw = export_versioned(&t).unwrap().into_raw();
-    // SAFETY: a live export that we own; shape and strides hold 9 values each.
-    unsafe {
-        poke((*raw).dl_tensor.shape, 8, 0);
-        poke((*raw).dl_tensor.strides, 8, -5);
-    }
+    // SAFETY: a live export that we own.
+    let dl = unsafe { &mut (*raw).dl_tensor };
+    // SAFETY: the export's shape holds 9 values.
+    unsafe { poke(dl.shape, 8, 0) };
+    // SAFETY: the export's strides hold 9 values.
+    unsafe { poke(dl.strides, 8, -5) };
     // SAFETY: as above; empty now, so nothing is read.
     let back = unsafe { import_versioned(NonNull::new(raw).unwrap()) }
         .unwrap()
