@@ -9,7 +9,7 @@ use std::mem::{MaybeUninit, offset_of, size_of};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use std::ffi::c_void;
-use std::ptr::NonNull;
+use std::ptr::{self, NonNull};
 
 use dlpark::ManagedTensorBase;
 use tensorbridge::{Packing, Tensor};
@@ -65,7 +65,8 @@ pub(crate) const SHOWN_INLINE: usize = 8;
 /// write. Shape first, then strides, `ndim` values each: inline, or in `spilled` above
 /// [`SHOWN_INLINE`] dimensions.
 pub(crate) struct ShownDims {
-    inline: [i64; 2 * SHOWN_INLINE],
+    /// Only the first `2 * ndim` values are written (and ever read).
+    inline: [MaybeUninit<i64>; 2 * SHOWN_INLINE],
     /// A `Box<[i64]>` turned raw (so that nothing retags it while consumers hold pointers
     /// into it), freed by `Drop`; `None` when the dimensions are inline.
     spilled: Option<NonNull<[i64]>>,
@@ -82,22 +83,31 @@ impl ShownDims {
     unsafe fn write(place: *mut ShownDims, shape: &[i64], strides: &[i64]) -> (*mut i64, *mut i64) {
         let n = shape.len();
         debug_assert_eq!(n, strides.len());
-        let (inline, spilled) = if n <= SHOWN_INLINE {
-            let mut inline = [0i64; 2 * SHOWN_INLINE];
-            inline[..n].copy_from_slice(shape);
-            inline[n..2 * n].copy_from_slice(strides);
-            (inline, None)
+        let spilled = if n > SHOWN_INLINE {
+            let heap: Box<[i64]> = shape.iter().chain(strides).copied().collect();
+            // Never `None`: a box is never null.
+            NonNull::new(Box::into_raw(heap))
         } else {
-            let spilled: Box<[i64]> = shape.iter().chain(strides).copied().collect();
-            ([0; 2 * SHOWN_INLINE], NonNull::new(Box::into_raw(spilled)))
+            None
         };
-        // SAFETY: valid for writes, uninitialised (obligation 1): written once.
-        unsafe { place.write(ShownDims { inline, spilled }) };
+        // SAFETY: `place` is valid (obligation 1), so the projection stays in bounds; the raw
+        // place keeps `place`'s provenance, with no reference in between.
+        let spilled_field = unsafe { &raw mut (*place).spilled };
+        // SAFETY: aligned, uninitialised (obligation 1): written once. The inline values need
+        // no initialisation (`MaybeUninit`): only the ones written below are read.
+        unsafe { spilled_field.write(spilled) };
         let base: *mut i64 = match spilled {
             Some(heap) => heap.as_ptr().cast(),
-            // SAFETY: `place` is valid (obligation 1), so the projection stays in bounds; the
-            // raw place keeps `place`'s provenance, with no reference in between.
-            None => unsafe { &raw mut (*place).inline }.cast(),
+            None => {
+                // SAFETY: as for `spilled` above.
+                let inline: *mut i64 = unsafe { &raw mut (*place).inline }.cast();
+                // SAFETY: `n <= SHOWN_INLINE`: `2 * n` values fit the inline array; `shape`
+                // and `strides` are the caller's, not in the uninitialised place.
+                unsafe { ptr::copy_nonoverlapping(shape.as_ptr(), inline, n) };
+                // SAFETY: as above, the second `n` values.
+                unsafe { ptr::copy_nonoverlapping(strides.as_ptr(), inline.wrapping_add(n), n) };
+                inline
+            }
         };
         // `n <= 2 * SHOWN_INLINE` or the spilled allocation holds `2 * n`: in bounds.
         (base, base.wrapping_add(n))
