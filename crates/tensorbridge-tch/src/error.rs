@@ -20,7 +20,8 @@ pub enum Error {
     /// libtorch threw while the shim called it.
     #[error("libtorch failed in {call}: {message}")]
     Torch {
-        /// The shim function that called libtorch (`"tb_tch_from_blob"`...).
+        /// The shim function that called libtorch (`"tb_tch_from_blob"`...), or the tch call
+        /// (`"detach"`, which `from_tch` makes for its owner).
         call: &'static str,
         /// libtorch's message, without its C++ backtrace.
         message: String,
