@@ -54,3 +54,8 @@ fn cai_corpus() {
 fn dlpack_corpus() {
     replay("dlpack", fuzz::dlpack);
 }
+
+#[test]
+fn own_export_corpus() {
+    replay("own_export", fuzz::own_export);
+}

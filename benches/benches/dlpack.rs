@@ -2,10 +2,12 @@
 //! next to dlpark's own round trip on the same descriptor (its producer over a shared buffer,
 //! its consumer's validation), in the same group so one run compares them.
 //!
-//! - `tensorbridge`: `export_versioned` (one allocation: the managed struct and the finished
-//!   `Imported`, a clone of the tensor copied in place), `import_versioned` (recognises its
-//!   own export by the mark in `manager_ctx`, compares every field with the kept tensor,
-//!   hands the `Imported` back in one copy and frees the box), then drop.
+//! - `tensorbridge`: `export_versioned` (one allocation: the managed struct, a private copy
+//!   of it, the shape and strides shown to consumers, and the finished `Imported`, a clone of
+//!   the tensor copied in place), `import_versioned` (recognises its own export by the mark
+//!   in `manager_ctx`, compares every field with the private copy and the shown dimension
+//!   values with the kept tensor's, hands the `Imported` back in one copy and frees the box),
+//!   then drop.
 //! - `dlpark`: `metadata::Dynamic` copying shape and strides into its one allocation with an
 //!   `Arc` of the buffer as context, then `Managed::from_raw` + `validate` (structural checks
 //!   only: no dtype or device codes, alignment or address-span checks), then drop.

@@ -160,7 +160,11 @@ fn tensor_through_array_interface() -> Result<Outcome> {
 /// shares the buffer, and the owner chain keeps it alive after the producer's tensor is gone.
 #[cfg(feature = "tch")]
 fn tensor_through_libtorch() -> Result<Outcome> {
-    through_consumer(|t| Ok(tensorbridge_tch::import(&tensorbridge_tch::export(t)?)?))
+    through_consumer(|t| {
+        let torch = tensorbridge_tch::export(t)?;
+        // SAFETY: a storage `tensorbridge_tch::export` made, which libtorch refuses to resize.
+        Ok(unsafe { tensorbridge_tch::import(&torch) }?)
+    })
 }
 
 #[cfg(not(feature = "tch"))]

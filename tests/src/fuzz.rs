@@ -437,3 +437,314 @@ pub fn dlpack(data: &[u8]) {
         "the deleter runs exactly once"
     );
 }
+
+/// An owner whose release `own_export` counts.
+struct CountedOwner(Arc<AtomicUsize>);
+
+impl Drop for CountedOwner {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+std::thread_local! {
+    /// The export's own deleter that `wrapped_deleter` calls (one export at a time per
+    /// thread), its argument type erased.
+    static WRAPPED: std::cell::Cell<Option<unsafe extern "C" fn(*mut c_void)>> =
+        const { std::cell::Cell::new(None) };
+    /// Calls of `wrapped_deleter` on this thread.
+    static WRAPPER_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The deleter a fuzzed consumer installs in place of the export's: counts the call, then
+/// calls the export's own deleter.
+///
+/// # Safety
+/// 1. `m` is the managed struct whose deleter `WRAPPED` holds (this thread's), called once.
+unsafe extern "C" fn wrapped_deleter<M>(m: *mut M) {
+    WRAPPER_CALLS.with(|c| c.set(c.get() + 1));
+    if let Some(inner) = WRAPPED.with(|w| w.take()) {
+        // SAFETY: obligation 1: the export's own deleter (stored type-erased from
+        // `unsafe extern "C" fn(*mut M)`, the same ABI), for the struct it was written into.
+        unsafe { inner(m.cast()) };
+    }
+}
+
+/// The fields of a managed struct that only one of the two kinds has, or that need its type.
+trait Head: ManagedTensorBase + Sized + 'static {
+    fn dl(&mut self) -> &mut DLTensor;
+    fn set_version(&mut self, _version: DLPackVersion) {}
+    fn set_flags(&mut self, _flags: DlpackFlags) {}
+    fn set_manager_ctx(&mut self, ctx: *mut c_void);
+    /// Replaces the deleter with `wrapped_deleter`, keeping the old one in `WRAPPED`.
+    fn wrap_deleter(&mut self);
+}
+
+macro_rules! head {
+    ($t:ty) => {
+        fn dl(&mut self) -> &mut DLTensor {
+            &mut self.dl_tensor
+        }
+        fn set_manager_ctx(&mut self, ctx: *mut c_void) {
+            self.manager_ctx = ctx;
+        }
+        fn wrap_deleter(&mut self) {
+            let inner = self.deleter.replace(wrapped_deleter::<$t>);
+            let erased = inner.map(|f| {
+                // SAFETY: `unsafe extern "C" fn(*mut T)` and `unsafe extern "C" fn(*mut c_void)`
+                // have the same ABI (one pointer argument); called only with a `*mut T`.
+                unsafe {
+                    std::mem::transmute::<
+                        unsafe extern "C" fn(*mut $t),
+                        unsafe extern "C" fn(*mut c_void),
+                    >(f)
+                }
+            });
+            WRAPPED.with(|w| w.set(erased));
+        }
+    };
+}
+
+impl Head for DLManagedTensorVersioned {
+    head!(DLManagedTensorVersioned);
+    fn set_version(&mut self, version: DLPackVersion) {
+        self.version = version;
+    }
+    fn set_flags(&mut self, flags: DlpackFlags) {
+        self.flags = flags;
+    }
+}
+
+impl Head for DLManagedTensor {
+    head!(DLManagedTensor);
+}
+
+/// Target `own_export`: our own export of an arbitrary valid tensor, then any number of edits
+/// a consumer could make to any field (version, `manager_ctx`, deleter, flags, data pointer,
+/// byte offset, device, rank, dtype, shape and stride values through the struct's pointers,
+/// the pointers themselves), then the import. An import that hands back the exported tensor
+/// itself (the fast path) must describe exactly what was exported; anything else must be a
+/// tensor that validates again (its element count agreeing with its shape) or a refusal; the
+/// export is released exactly once, through the consumer's deleter if it installed one.
+pub fn own_export(data: &[u8]) {
+    let mut b = Bytes(data);
+    let legacy = b.u8().is_multiple_of(4);
+    let rank = usize::from(b.u8() % 11);
+    let shape: Vec<i64> = (0..rank).map(|_| i64::from(b.u8() % 5)).collect();
+    let strides: Vec<i64> = (0..rank).map(|_| i64::from(b.u8() as i8 % 8)).collect();
+    let dtypes = [
+        tensorbridge::DType::FLOAT32,
+        tensorbridge::DType::INT64,
+        tensorbridge::DType::UINT8,
+        tensorbridge::DType::BFLOAT16,
+    ];
+    let dtype = dtypes[usize::from(b.u8() % 4)];
+    let device = if b.bool() {
+        Device::CPU
+    } else {
+        Device::new(DeviceType::Cuda, u32::from(b.u8() % 3))
+    };
+    let raw = RawTensor {
+        strides: Some(&strides),
+        byte_offset: u64::from(b.u8()) * u64::from(dtype.bits() / 8).max(1),
+        access: if b.bool() {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        },
+        ..RawTensor::new(
+            0x7f00_0000_0000 + (usize::from(b.u16()) << 4),
+            device,
+            dtype,
+            &shape,
+        )
+    };
+    let Ok(desc) = raw.validate() else {
+        return;
+    };
+    let released = Arc::new(AtomicUsize::new(0));
+    // SAFETY: nothing reads or writes through this tensor or its imports (the address is
+    // fake, never dereferenced); the owner only counts its release.
+    let original =
+        unsafe { Tensor::from_descriptor(desc, Arc::new(CountedOwner(Arc::clone(&released)))) };
+    WRAPPER_CALLS.with(|c| c.set(0));
+    WRAPPED.with(|w| w.set(None));
+    if legacy {
+        let policy = tensorbridge_dlpack::ReadOnlyPolicy::Discard;
+        let Ok(managed) = tensorbridge_dlpack::export_legacy(&original, policy) else {
+            return;
+        };
+        let access = if b.bool() {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        };
+        let m = edit(&mut b, managed.into_raw());
+        // SAFETY: our own export, edited; its arrays (ours or `m.1`'s) hold `ndim` values
+        // when non-null and `ndim` is in range; the deleter releases the box once.
+        let result = unsafe { import_legacy(m.0, access) };
+        check_own(settle(result, b.bool()), &original, m.2);
+        drop(m.1);
+    } else {
+        let Ok(managed) = export_versioned(&original) else {
+            return;
+        };
+        let m = edit(&mut b, managed.into_raw());
+        // SAFETY: as for the legacy struct.
+        let result = unsafe { import_versioned(m.0) };
+        check_own(settle(result, b.bool()), &original, m.2);
+        drop(m.1);
+    }
+    let wrapped = WRAPPER_CALLS.with(|c| c.get());
+    drop(original);
+    assert_eq!(released.load(Ordering::SeqCst), 1, "released exactly once");
+    assert!(wrapped <= 1, "the consumer's deleter ran {wrapped} times");
+    assert!(
+        WRAPPED.with(|w| w.take()).is_none(),
+        "a wrapped deleter was never called"
+    );
+}
+
+/// Arrays a fuzzed consumer points the struct at, kept until the import is done.
+type Scratch = Vec<Vec<i64>>;
+
+/// Applies the fuzzed edits to our own export `m`; returns it, the arrays it may now point
+/// to, and whether anything changed.
+fn edit<M: Head>(b: &mut Bytes<'_>, m: *mut M) -> (NonNull<M>, Scratch, bool) {
+    let mut scratch: Scratch = Vec::new();
+    let mut changed = false;
+    let mut wrapped = false;
+    // SAFETY: our own live export, owned here alone until the import.
+    let r = unsafe { &mut *m };
+    // How many values the struct's `shape` and `strides` pointers reach.
+    let rank = usize::try_from(r.dl().ndim).expect("our export's rank");
+    let (mut shape_len, mut strides_len) = (rank, rank);
+    for _ in 0..usize::from(b.u8() % 5) {
+        let which = b.u8() % 14;
+        match which {
+            0 => r.set_version(DLPackVersion {
+                major: 1,
+                minor: u32::from(b.u8() % 5),
+            }),
+            1 => r.set_version(DLPackVersion {
+                major: u32::from(b.u8()),
+                minor: 3,
+            }),
+            2 => r.set_manager_ctx(ptr::with_exposed_provenance_mut(b.address())),
+            3 if !wrapped => {
+                r.wrap_deleter();
+                wrapped = true;
+            }
+            4 => r.set_flags(DlpackFlags::from_bits_retain(u64::from(b.u8() % 8))),
+            5 => r.dl().data = ptr::with_exposed_provenance_mut(b.address()),
+            6 => r.dl().byte_offset = b.u64() % 4096,
+            7 => {
+                r.dl().device = DLDevice {
+                    device_type: DLDeviceType(b.code(20) as u32),
+                    device_id: b.code(3),
+                }
+            }
+            8 => {
+                let ndim = if b.u8().is_multiple_of(8) {
+                    -1
+                } else {
+                    i32::from(b.u8() % 11)
+                };
+                let n = usize::try_from(ndim).unwrap_or(0);
+                if n > shape_len {
+                    scratch.push(b.dims(n));
+                    r.dl().shape = scratch.last_mut().expect("pushed").as_mut_ptr();
+                    shape_len = n;
+                }
+                if n > strides_len {
+                    scratch.push(b.dims(n));
+                    r.dl().strides = scratch.last_mut().expect("pushed").as_mut_ptr();
+                    strides_len = n;
+                }
+                r.dl().ndim = ndim;
+            }
+            9 => {
+                r.dl().dtype = DLDataType {
+                    code: DLDataTypeCode(b.u8() % 24),
+                    bits: [8, 16, 32, 64, 4, 6, 1, 128, 0, 7][usize::from(b.u8() % 10)],
+                    lanes: if b.u8().is_multiple_of(8) { b.u16() } else { 1 },
+                }
+            }
+            10 | 11 => {
+                let strides = b.u8() % 2 == 1;
+                let (p, len) = if strides {
+                    (r.dl().strides, strides_len)
+                } else {
+                    (r.dl().shape, shape_len)
+                };
+                if len > 0 && !p.is_null() {
+                    let i = usize::from(b.u8()) % len;
+                    let v = b.dim();
+                    // SAFETY: `p` reaches `len` values: our export's shown arrays (their
+                    // provenance allows writes) or a scratch array.
+                    unsafe { p.wrapping_add(i).write(v) };
+                }
+            }
+            12 | 13 => {
+                // Enough values for the rank the struct declares now.
+                let n = usize::try_from(r.dl().ndim).unwrap_or(0);
+                let new = if b.u8().is_multiple_of(8) {
+                    ptr::null_mut()
+                } else {
+                    scratch.push(b.dims(n));
+                    scratch.last_mut().expect("pushed").as_mut_ptr()
+                };
+                if b.bool() {
+                    r.dl().strides = new;
+                    strides_len = if new.is_null() { 0 } else { n };
+                } else {
+                    r.dl().shape = new;
+                    shape_len = if new.is_null() { 0 } else { n };
+                }
+            }
+            _ => continue,
+        }
+        // Possibly to the same value: then the fast path may still take it back.
+        changed = true;
+    }
+    (NonNull::new(m).expect("never null"), scratch, changed)
+}
+
+/// The import of an edited own export: a fast-path result must be the exported tensor as it
+/// left; any other must validate again.
+fn check_own(imported: Option<Tensor>, original: &Tensor, changed: bool) {
+    let Some(t) = imported else {
+        return;
+    };
+    check_revalidates(t.descriptor());
+    // Any dimension of 0 makes 0 elements, whatever the others (their product may overflow).
+    let product = if t.shape().contains(&0) {
+        Some(0)
+    } else {
+        t.shape()
+            .iter()
+            .try_fold(1u64, |acc, &n| acc.checked_mul(u64::try_from(n).ok()?))
+    };
+    assert_eq!(
+        product,
+        Some(t.numel()),
+        "element count agrees with the shape"
+    );
+    if Arc::ptr_eq(t.owner(), original.owner()) {
+        let folded = original.with_offset_folded();
+        assert_eq!(
+            (t.data(), t.shape(), t.strides_elems(), t.byte_offset()),
+            (
+                folded.data(),
+                folded.shape(),
+                folded.strides_elems(),
+                folded.byte_offset()
+            ),
+            "the fast path hands back only what was exported (edited: {changed})"
+        );
+        assert_eq!(
+            (t.dtype(), t.device()),
+            (original.dtype(), original.device())
+        );
+    }
+}

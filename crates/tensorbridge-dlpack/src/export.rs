@@ -1,7 +1,6 @@
 //! [`Tensor`] -> DLPack managed tensor, keeping the tensor's owner alive until the deleter
 //! runs.
 
-use std::mem::MaybeUninit;
 use std::ptr;
 
 use dlpark::{Managed, legacy, versioned};
@@ -11,7 +10,7 @@ use crate::Error;
 use crate::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
     DLPACK_MAJOR_VERSION, DLPackVersion, DLTensor, DlpackFlags, ExportCtx, Exportable,
-    delete_export, export_flags,
+    export_flags,
 };
 
 /// What [`export_legacy`] does with a read-only tensor, since the legacy struct cannot say
@@ -68,44 +67,10 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
     let rank = tensor.ndim();
     let ndim = i32::try_from(rank).map_err(|_| Error::RankTooLarge { ndim: rank })?;
     let dtype = tensor.dtype();
-    // The context keeps the tensor with its offset folded into the pointer where the device
-    // has addresses: `data` is then the address of element 0 and `byte_offset` 0, which
-    // consumers that ignore `byte_offset` need; handle devices keep their offset. It is
-    // written in place: a `Tensor` is a few hundred bytes, and building the context on the
-    // stack and moving it into a box copied it twice more (a third of the round trip's
-    // instructions were `memcpy`, measured with callgrind).
-    let ctx: *mut ExportCtx<M> = Box::into_raw(Box::<ExportCtx<M>>::new_uninit()).cast();
-    // SAFETY: `ctx` is the live, uninitialised allocation just made, owned here alone; the
-    // projection stays in bounds. (`managed` is written once the dimensions have their final
-    // address, below.)
-    let slot = unsafe { &raw mut (*ctx).imported.tensor };
-    // SAFETY: in bounds, aligned and uninitialised; this unique reference to the field is
-    // the only one while it lives.
-    tensor.clone_into_uninit(unsafe { &mut *slot.cast::<MaybeUninit<Tensor>>() });
-    if tensor.device().kind.has_addresses() && tensor.byte_offset() != 0 {
-        // SAFETY: initialised just above and ours alone; the value read out is written back
-        // (folded) below, so it is neither dropped twice nor lost.
-        let unfolded = unsafe { slot.read() };
-        // SAFETY: as above.
-        unsafe { slot.write(unfolded.into_offset_folded()) };
-    }
-    // SAFETY: `ctx` is the live allocation just made: the projection stays in bounds.
-    let is_copied = unsafe { &raw mut (*ctx).imported.is_copied };
-    // SAFETY: as above.
-    let version = unsafe { &raw mut (*ctx).imported.version };
-    // SAFETY: aligned, uninitialised, ours alone; written once each. With the tensor above,
-    // the import's report is complete.
-    unsafe { is_copied.write(false) };
-    // SAFETY: as above.
-    unsafe { version.write(M::VERSION) };
-    // SAFETY: `ctx` is the live allocation just made, owned here alone, its tensor
-    // initialised; this shared reference to it is the only reference into the box while it
-    // is in use.
-    let kept: &Tensor = unsafe { &(*ctx).imported.tensor };
-    // The pointers aim into the boxed tensor's layout, which nothing moves or mutates until
-    // `delete_export` frees the box; consumers only read them. Never null, rank 0 included
-    // ("always emit strides"): the layout's inline storage is in the box even for rank 0.
-    let dl = DLTensor {
+    // `kept` is the clone in the box (offset folded where the device has addresses); the
+    // pointers aim at the box's shown dimensions, a copy of its layout that nothing moves
+    // until the deleter frees the box. Never null, rank 0 included ("always emit strides").
+    let describe = |kept: &Tensor, shape: *mut i64, strides: *mut i64| DLTensor {
         // Exposed provenance: the tensor's address came from an exposed pointer (or is a
         // handle on devices without addresses, never dereferenced here).
         data: ptr::with_exposed_provenance_mut(kept.data()),
@@ -120,30 +85,19 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
             bits: dtype.bits(),
             lanes: dtype.lanes(),
         },
-        shape: kept.shape().as_ptr().cast_mut(),
-        strides: kept.strides_elems().as_ptr().cast_mut(),
+        shape,
+        strides,
         byte_offset: kept.byte_offset(),
     };
-    // `manager_ctx` marks the struct as ours (`take_own_export` checks it); `delete_export`
-    // does not read it: the context is at the struct's own address.
-    let mut managed = M::from_parts(dl, M::mark(), Some(delete_export::<M>));
-    // SAFETY: `flags` describe the tensor: read-only and padding as its descriptor says,
-    // never `IS_COPIED` (this export is zero-copy).
-    unsafe { managed.set_flags_unchecked(flags) };
-    // SAFETY: `ctx` is live, so the projection stays in bounds; the raw place keeps the
-    // box's provenance, which `delete_export` needs to free the whole box.
-    let raw = unsafe { &raw mut (*ctx).managed };
-    // SAFETY: live, aligned, uninitialised and ours alone: written once. The context is now
-    // fully initialised.
-    unsafe { raw.write(managed) };
-    // SAFETY: `raw` is non-null and points to an initialised managed struct that we own
-    // alone. Its data stays valid until the deleter runs (the boxed tensor's owner), shape
-    // and strides stay readable and unchanged until then (above), strides are explicit, and
-    // the deleter (`delete_export`, which frees the box) may run once on any thread without
+    let raw = ExportCtx::<M>::boxed(tensor, flags, describe);
+    // SAFETY: `raw` points to an initialised managed struct that we own alone. Its data stays
+    // valid until the deleter runs (the boxed tensor's owner), shape and strides stay
+    // readable until then (the box's shown dimensions), strides are explicit, and the
+    // deleter (`delete_export`, which frees the box) may run once on any thread without
     // unwinding.
     // `M::from_parts` declared `DLPackVersion::CURRENT`, so `from_raw` cannot fail; were it
     // to, it would already have called the deleter, and the error says why.
-    unsafe { Managed::from_raw(raw) }.map_err(|_| Error::UnsupportedMajorVersion {
+    unsafe { Managed::from_raw(raw.as_ptr()) }.map_err(|_| Error::UnsupportedMajorVersion {
         found: DLPackVersion::CURRENT.major,
         expected: DLPACK_MAJOR_VERSION,
     })

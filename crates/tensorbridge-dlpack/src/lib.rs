@@ -47,18 +47,22 @@
 //!   version: DLPack requires the consumer to call its deleter and read nothing else, which
 //!   the import does before returning, so there is nothing to give back. Either way a
 //!   refused import never leaks the tensor and never frees it twice.
-//! - **Export** boxes, in one allocation, the managed struct and a clone of the tensor (its
-//!   offset folded where the device has addresses), whose owner keeps the data alive and
-//!   whose layout stores the struct's `shape` and `strides`. The struct's deleter frees that
-//!   box exactly once, dropping the clone; the returned
+//! - **Export** boxes, in one allocation, the managed struct, the struct's `shape` and
+//!   `strides` arrays (a second allocation above 8 dimensions), and, out of consumers' reach,
+//!   a copy of the struct as written and a clone of the tensor (its offset folded where the
+//!   device has addresses), whose owner keeps the data alive. The struct's deleter frees
+//!   that box exactly once, dropping the clone; the returned
 //!   [`dlpark::Managed`] calls it when dropped, unless [`into_raw`](dlpark::Managed::into_raw)
 //!   handed the struct to a consumer, which then calls the deleter itself. The deleter never
 //!   unwinds into the consumer.
 //! - **Importing our own export** (recognised by a mark in `manager_ctx`, the producer's
-//!   private field, then checked field by field against the tensor kept in the box) gives
-//!   the exported tensor back itself: the same owner and readiness, no second validation,
-//!   no wrapper allocation; the box is freed then, once, instead of by the deleter. A struct
-//!   that someone changed after the export is imported the general way.
+//!   private field, then checked field by field against the private copies in the box:
+//!   every field of the struct, and the values behind `shape` and `strides` against the kept
+//!   tensor's own layout) gives the exported tensor back itself: the same owner and
+//!   readiness, no second validation, no wrapper allocation; the box is freed then, once,
+//!   instead of by the deleter. A struct that someone changed after the export, in any field
+//!   or any dimension, is imported the general way (validated as it reads now; its deleter,
+//!   whatever it is now, runs once).
 //!
 //! # Limitations
 //! - DLPack carries no stream (see above) and no allocation bounds: importing is `unsafe`

@@ -151,6 +151,18 @@ class CapsuleInfo:
         return bool(self.flags & FLAG_IS_COPIED)
 
 
+def capsule_struct(capsule):
+    """The managed struct inside a fresh DLPack capsule, as a ctypes structure over its memory
+    (writes go to the struct itself: what a consumer that edits the struct does), without
+    consuming the capsule."""
+    name = capsule_name(capsule)
+    if name not in ("dltensor", "dltensor_versioned"):
+        raise ValueError(f"expected a fresh DLPack capsule, found one named {name!r}")
+    ptr = _GetPointer(capsule, name.encode())
+    kind = DLManagedTensorVersioned if name == "dltensor_versioned" else DLManagedTensor
+    return kind.from_address(ptr)
+
+
 def read_capsule(capsule) -> CapsuleInfo:
     """Reads a fresh DLPack capsule without consuming it.
 

@@ -16,6 +16,7 @@ from tbhelpers import (
     FLAG_READ_ONLY,
     aligned_numpy,
     capsule_name,
+    capsule_struct,
     read_capsule,
     run_isolated,
 )
@@ -303,3 +304,34 @@ def test_broadcast_copies_within_the_limit_are_made(tb):
     y = np.from_dlpack(v, copy=True)
     assert y.shape == (1024, 1024) and y.strides == (4096, 4)
     assert (y == row).all()
+
+
+def test_own_export_edited_through_ctypes_is_validated_again(tb, arr):
+    """Our own capsule, edited by a consumer before it comes back, is imported as it reads now:
+    the shape and the element count agree (the fast path for our own exports used to compare
+    only the shape pointer and hand back a tensor whose shape said 2**40 rows and whose size
+    said 6 elements; reading it segfaulted)."""
+    view = tb.asview(arr)
+    cap = view.__dlpack__(max_version=(1, 3))
+    capsule_struct(cap).dl_tensor.shape[0] = 1 << 40
+    huge = tb.asview(cap)
+    assert huge.shape == (1 << 40, 3)
+    assert huge.nbytes == (1 << 40) * 3 * 4  # never read: the edit lies about the memory
+
+    cap = view.__dlpack__(max_version=(1, 3))
+    capsule_struct(cap).dl_tensor.shape[0] = 1
+    one_row = tb.asview(cap)
+    assert (one_row.shape, one_row.nbytes) == ((1, 3), 12)
+    np.testing.assert_array_equal(np.asarray(one_row), [[0, 1, 2]])
+
+    cap = view.__dlpack__(max_version=(1, 3))
+    m = capsule_struct(cap)
+    m.dl_tensor.strides[0] = 1
+    m.dl_tensor.strides[1] = 2
+    reordered = tb.asview(cap)
+    assert reordered.strides == (1, 2)
+    np.testing.assert_array_equal(np.asarray(reordered), [[0, 2, 4], [1, 3, 5]])
+
+    # Unedited, it still comes back as it left (same pointer, shape and strides).
+    back = tb.asview(view.__dlpack__(max_version=(1, 3)))
+    assert (back.ptr, back.shape, back.strides, back.nbytes) == (view.ptr, (2, 3), (3, 1), 24)

@@ -20,7 +20,8 @@ pub enum Error {
     /// libtorch threw while the shim called it.
     #[error("libtorch failed in {call}: {message}")]
     Torch {
-        /// The shim function that called libtorch (`"tb_tch_from_blob"`...).
+        /// The shim function that called libtorch (`"tb_tch_from_blob"`...), or the tch call
+        /// (`"detach"`, which `import` makes for its owner).
         call: &'static str,
         /// libtorch's message, without its C++ backtrace.
         message: String,
@@ -62,7 +63,10 @@ pub enum Error {
     },
 
     // ---- Tensor -> tch ----
-    /// A negative stride, which libtorch does not support.
+    /// A negative stride on a dimension that reaches memory (more than one element, in a
+    /// tensor with elements), which libtorch does not support. Negative strides that reach
+    /// nothing (size-1 dimensions, tensors without elements) are passed as their absolute
+    /// value instead.
     #[error("stride {stride} of dimension {dim} is negative (libtorch takes only strides >= 0)")]
     NegativeStride {
         /// The dimension.

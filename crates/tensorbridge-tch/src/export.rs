@@ -1,6 +1,7 @@
 //! [`Tensor`] -> tch: `at::for_blob` through the shim, with a deleter that releases the
 //! tensor's owner exactly once, when libtorch frees the storage.
 
+use std::borrow::Cow;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
@@ -132,7 +133,11 @@ pub fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
 /// host tensor that is not [`Ready::Now`] is waited for on the host first
 /// (`tensorbridge_cuda::synchronize`): libtorch's CPU kernels have no stream.
 ///
-/// Refused with a typed error: negative strides ([`Error::NegativeStride`]), sub-byte
+/// A negative stride on a dimension that reaches no memory (of size 1, or of a tensor
+/// without elements) is passed as its absolute value, which reaches no memory either.
+///
+/// Refused with a typed error: negative strides on dimensions of more than one element
+/// of a tensor with elements ([`Error::NegativeStride`]), sub-byte
 /// dtypes ([`Error::SubByte`]), dtypes libtorch lacks ([`Error::UnsupportedDType`]),
 /// devices other than CPU, pinned host, CUDA and managed memory
 /// ([`Error::UnsupportedDevice`]), ordinals above 127, and read-only tensors unless the
@@ -144,13 +149,7 @@ pub fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tenso
     }
     let scalar_type = ScalarType::from_dtype(tensor.dtype())?;
     let (device_type, device_index) = torch_device(tensor)?;
-    let strides = tensor.strides_elems();
-    if let Some(dim) = strides.iter().position(|&s| s < 0) {
-        return Err(Error::NegativeStride {
-            dim,
-            stride: strides[dim],
-        });
-    }
+    let strides = torch_strides(tensor)?;
     let cuda = if device_type == TorchDeviceType::CUDA {
         tensorbridge_cuda::reclaim();
         let stream = current_cuda_stream(device_index)?;
@@ -181,8 +180,9 @@ pub fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tenso
     let mut out = ptr::null_mut();
     let mut err = ptr::null_mut();
     // SAFETY:
-    // - the data pointer is element 0 of the tensor, with its shape and strides (>= 0, so
-    //   element 0 is the lowest byte the strides reach): the storage libtorch computes from
+    // - the data pointer is element 0 of the tensor, with its shape and strides (>= 0 after
+    //   `torch_strides`, which only changed strides that reach nothing, so element 0 is the
+    //   lowest byte the strides reach): the storage libtorch computes from
     //   them is the tensor's byte span, valid on its device while the owner lives
     //   (`Tensor::from_descriptor`'s obligation 1), which the context keeps alive until
     //   libtorch calls `release`; the scalar type has the dtype's itemsize;
@@ -212,6 +212,33 @@ pub fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tenso
     // SAFETY: on success `out` is a new heap `at::Tensor` (tch's `C_tensor`) that nobody
     // else owns; the tch tensor takes it over and frees it when dropped.
     Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// The strides to hand libtorch, which takes none below 0: the tensor's own, except that a
+/// negative stride on a dimension that reaches no memory (size 1, or any dimension of a
+/// tensor without elements: `stride * (size - 1)` moves nowhere, or nothing is read) becomes
+/// its absolute value. So element 0 stays the lowest byte the strides reach, and the storage
+/// libtorch computes is the tensor's byte span (none without elements). A negative stride
+/// that does move is refused, naming the first such dimension.
+fn torch_strides(tensor: &Tensor) -> Result<Cow<'_, [i64]>, Error> {
+    let strides = tensor.strides_elems();
+    if strides.iter().all(|&s| s >= 0) {
+        return Ok(Cow::Borrowed(strides));
+    }
+    let empty = tensor.numel() == 0;
+    let mut normalised = strides.to_vec();
+    for (dim, (stride, &size)) in normalised.iter_mut().zip(tensor.shape()).enumerate() {
+        if *stride < 0 {
+            if !empty && size > 1 {
+                return Err(Error::NegativeStride {
+                    dim,
+                    stride: *stride,
+                });
+            }
+            *stride = stride.saturating_abs();
+        }
+    }
+    Ok(Cow::Owned(normalised))
 }
 
 #[cfg(test)]

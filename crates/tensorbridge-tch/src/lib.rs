@@ -7,7 +7,7 @@
 //!
 //! | direction | function | data | stream |
 //! |---|---|---|---|
-//! | `&tch::Tensor` -> [`Tensor`] | [`import`] | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
+//! | `&tch::Tensor` -> [`Tensor`] | [`import`] (`unsafe`: the caller promises not to resize the storage meanwhile) | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
 //! | [`Tensor`] -> `tch::Tensor` | [`export`], [`export_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
 //! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
 //! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
@@ -17,7 +17,8 @@
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
 //! let torch = tensorbridge_tch::export(&t)?.transpose(0, 1); // libtorch's own view
-//! let back = tensorbridge_tch::import(&torch)?;
+//! // Sound: `export` made the storage, and libtorch refuses to resize it.
+//! let back = unsafe { tensorbridge_tch::import(&torch) }?;
 //! assert_eq!(back.data_ptr(), t.data_ptr()); // one buffer all along
 //! assert_eq!(back.strides_elems(), [1, 3]);
 //! assert_eq!(back.host_view::<f32>()?.to_contiguous(), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
@@ -25,9 +26,13 @@
 //! ```
 //!
 //! # Ownership
-//! - **tch -> [`Tensor`]**: the tensor's owner is a shallow clone of the tch tensor (one
-//!   more libtorch reference to its storage). The storage lives until the last clone of the
-//!   [`Tensor`] is dropped, whatever happens to the tch tensor meanwhile.
+//! - **tch -> [`Tensor`]**: the tensor's owner is a detached alias of the tch tensor (a
+//!   libtorch tensor of its own over the same storage). The storage lives until the last
+//!   clone of the [`Tensor`] is dropped, whatever the tch tensor is rebound to meanwhile
+//!   (`set_`, `set_data`). Its memory lives as long only if nothing resizes the storage:
+//!   libtorch grows a storage by moving it to new memory and freeing the old at once, which
+//!   no reference to the storage prevents; hence [`import`] is `unsafe` (see
+//!   `# Soundness`).
 //! - **[`Tensor`] -> tch**: libtorch's storage holds a clone of the tensor's owner in its
 //!   `DataPtr` context. libtorch calls the context's deleter exactly once, when it frees the
 //!   storage: after the returned tensor and every view, shallow clone and DLPack export that
@@ -44,6 +49,12 @@
 //! # Soundness
 //! - The shim catches every C++ exception: libtorch failures are [`Error::Torch`], never an
 //!   unwind through Rust frames.
+//! - [`import`] is `unsafe`: tch's safe `resize_` (and `out=` operations, which resize
+//!   their output) can move a storage to new memory and free the old memory, which a
+//!   [`Tensor`] describes by address. The caller promises that nothing resizes the storage
+//!   of an imported tensor while the import lives. Rebinding the tch tensor (`set_`,
+//!   `set_data`, `set_source_tensor_`) is harmless: the import holds a tensor of its own
+//!   over the storage. Storages [`export`] made cannot be resized at all.
 //! - tch's safe API lets two shallow clones of one storage live on two threads, and write
 //!   through one while the other reads: tch does not prevent data races on tensor memory.
 //!   [`import`] and [`export`] are safe on the same terms: a [`Tensor`] shared with
@@ -74,7 +85,9 @@
 //!   managed memory (as a CUDA tensor of its ordinal). No ROCm, MPS or other backends.
 //! - Layouts: strided tensors only (no sparse or MKL-DNN), without a pending conjugate or
 //!   negative bit (call `resolve_conj()`/`resolve_neg()`). libtorch has no negative strides:
-//!   such tensors are refused, not copied. The byte offset is folded into the data pointer
+//!   tensors with one on a dimension of more than one element are refused, not copied; on
+//!   dimensions that reach no memory (size 1, or a tensor without elements) the stride is
+//!   passed as its absolute value. The byte offset is folded into the data pointer
 //!   on the way to tch (storage offset 0); the way back reports libtorch's storage offset
 //!   as the byte offset.
 //! - Tensors made by [`export`] have fixed-size storage: libtorch refuses to resize them in

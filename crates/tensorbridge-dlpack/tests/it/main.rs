@@ -2,6 +2,7 @@
 //! DLPack producer with counted deleters.
 
 mod dlpark_interop;
+mod edited_export;
 mod export;
 mod import;
 mod own_export;

@@ -14,7 +14,7 @@ use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 use tensorbridge_cudarc as tbc;
 
-use crate::{Affine, Kernels, affine, context, serial, timing_event, torch_values, wrong};
+use crate::{Affine, Kernels, affine, context, import, serial, timing_event, torch_values, wrong};
 
 /// Elements written by the producer: 16 MiB of f32.
 const N: usize = 1 << 22;
@@ -158,7 +158,7 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     );
     let dst = consumer.clone_htod(&vec![-1.0f32; N])?;
     // Warm up (the event pool, the view path) outside the timing.
-    drop(tbc::view::<f32>(&tensorbridge_tch::import(&x)?, &consumer)?);
+    drop(tbc::view::<f32>(&import(&x)?, &consumer)?);
     ctx.synchronize()?;
 
     let x_ptr = x.data_ptr() as u64;
@@ -168,7 +168,7 @@ fn libtorch_to_cudarc(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     let p_end = timing_event(&legacy)?;
 
     let start = Instant::now();
-    let shared = tensorbridge_tch::import(&x)?;
+    let shared = import(&x)?;
     assert!(matches!(
         shared.ready(),
         Ready::Stream(Stream::LegacyDefault)

@@ -64,7 +64,7 @@ fn kernel_on_libtorchs_stream_after_a_busy_producer() -> Result<()> {
     let dev = TchDevice::Cuda(0);
     let x = tch::Tensor::zeros([N as i64], (Kind::Float, dev));
     let y = tch::Tensor::ones([N as i64], (Kind::Float, dev));
-    let (xt, yt) = (tensorbridge_tch::import(&x)?, tensorbridge_tch::import(&y)?);
+    let (xt, yt) = (crate::import(&x)?, crate::import(&y)?);
     with_current_stream(0, |s| axpy(s, 0.0, &xt, &yt))??; // compile and load once
     tch::Cuda::synchronize(0);
 
@@ -101,7 +101,7 @@ fn control_the_same_kernel_unordered_reads_stale_values() -> Result<()> {
     let dev = TchDevice::Cuda(0);
     let x = tch::Tensor::zeros([N as i64], (Kind::Float, dev));
     let y = tch::Tensor::ones([N as i64], (Kind::Float, dev));
-    let (xt, yt) = (tensorbridge_tch::import(&x)?, tensorbridge_tch::import(&y)?);
+    let (xt, yt) = (crate::import(&x)?, crate::import(&y)?);
     tch::Cuda::synchronize(0);
     Affine::fill(xt.data_ptr() as u64, N, 2.0, 1.0)
         .after(SPIN_NS)
@@ -135,7 +135,7 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
     let dev = TchDevice::Cuda(0);
     let x = tch::Tensor::arange(12, (Kind::Float, dev)).reshape([3, 4]);
     let y = tch::Tensor::zeros([4, 3], (Kind::Float, dev)).tr(); // strides (1, 3)
-    let (xt, yt) = (tensorbridge_tch::import(&x)?, tensorbridge_tch::import(&y)?);
+    let (xt, yt) = (crate::import(&x)?, crate::import(&y)?);
     with_current_stream(0, |s| axpy(s, 1.0, &xt, &yt))??;
     ensure!(
         torch_values(&y.contiguous()) == torch_values(&x),
@@ -150,7 +150,7 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
         ),
         "{err:?}"
     );
-    let b = tensorbridge_tch::import(
+    let b = crate::import(
         &tch::Tensor::zeros([1, 4], (Kind::Float, dev)).expand([3, 4], false),
     )?;
     let err = with_current_stream(0, |s| axpy(s, 1.0, &xt, &b))?.unwrap_err();

@@ -26,6 +26,14 @@ use cudarc::driver::CudaContext;
 #[allow(unused_imports)] // each test module takes what it needs through `super::`
 use tensorbridge_testkit::gpu::{Affine, Kernels, affine, grid, serial, timing_event, wrong};
 
+/// The crate's `tensorbridge_tch::import`, for tests that never resize the storage of a tensor
+/// they import while the import lives (its safety obligation). The tests about resizing (`pinning`) call
+/// the crate's function themselves.
+fn import(t: &tch::Tensor) -> Result<tensorbridge::Tensor, tensorbridge_tch::Error> {
+    // SAFETY: no test that calls this resizes the imported storage (see above).
+    unsafe { tensorbridge_tch::import(t) }
+}
+
 /// Device `ordinal`'s primary context ([`tensorbridge_testkit::gpu::context`]), after also
 /// checking that libtorch sees CUDA (it does not when the link dropped `libtorch_cuda.so`:
 /// docs/BUILDING.md, "libtorch").

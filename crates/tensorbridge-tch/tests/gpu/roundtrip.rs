@@ -6,14 +6,14 @@ use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Layout, Ready, Stream};
 use tensorbridge_cudarc as tbc;
 
-use crate::{context, serial, torch_values};
+use crate::{context, import, serial, torch_values};
 
 #[test]
 fn libtorch_cuda_tensors_cross_both_ways() -> Result<()> {
     let _serial = serial();
     let _ctx = context(0)?;
     let x = tch::Tensor::arange(12, (Kind::Float, TchDevice::Cuda(0))).reshape([3, 4]);
-    let shared = tensorbridge_tch::import(&x.transpose(0, 1))?;
+    let shared = import(&x.transpose(0, 1))?;
     assert_eq!(shared.device(), Device::cuda(0));
     assert_eq!(shared.data_ptr(), x.data_ptr() as usize);
     assert_eq!(shared.strides_elems(), [1, 4]);
@@ -72,7 +72,7 @@ fn ordinals_cross_both_ways() -> Result<()> {
     for ordinal in 0..count {
         let ctx = context(ordinal as usize)?;
         let x = tch::Tensor::ones([8], (Kind::Float, TchDevice::Cuda(ordinal as usize)));
-        let shared = tensorbridge_tch::import(&x)?;
+        let shared = import(&x)?;
         assert_eq!(shared.device(), Device::cuda(ordinal as u32));
         let back = tensorbridge_tch::export(&shared)?;
         assert_eq!(back.device(), TchDevice::Cuda(ordinal as usize));

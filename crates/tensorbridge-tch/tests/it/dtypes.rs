@@ -5,7 +5,7 @@ use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device};
 use tensorbridge_tch::{Error, ExportOptions, ScalarType, dtype_of_kind, kind_of_dtype};
 
-use crate::claimed;
+use crate::{claimed, import};
 
 const KINDS: [Kind; 20] = [
     Kind::Uint8,
@@ -82,7 +82,7 @@ fn every_kind_round_trips_through_tensors() {
             continue;
         };
         let t = tch::Tensor::empty([2, 3], (kind, TchDevice::Cpu));
-        let shared = tensorbridge_tch::import(&t).unwrap();
+        let shared = import(&t).unwrap();
         assert_eq!(shared.dtype(), dtype, "{kind:?}");
         assert_eq!(shared.device(), Device::CPU);
         let back = tensorbridge_tch::export(&shared).unwrap();
@@ -94,7 +94,7 @@ fn every_kind_round_trips_through_tensors() {
 #[test]
 fn quantized_kinds_are_refused_with_their_scalar_type() {
     let q = tch::Tensor::from_slice(&[0.5f32, 1.0]).quantize_per_tensor(0.1, 0, Kind::QInt8);
-    let err = tensorbridge_tch::import(&q).unwrap_err();
+    let err = import(&q).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedScalarType {
@@ -123,7 +123,7 @@ fn dtypes_tch_has_no_kind_for_still_cross() {
         let torch = tensorbridge_tch::export(&t).unwrap();
         assert!(torch.f_kind().is_err(), "{dtype}: tch has no Kind");
         assert!(matches!(kind_of_dtype(dtype), Err(Error::NoKind { .. })));
-        let back = tensorbridge_tch::import(&torch).unwrap();
+        let back = import(&torch).unwrap();
         assert_eq!(back.dtype(), dtype);
         assert_eq!(back.data_ptr(), t.data_ptr());
     }
@@ -144,7 +144,7 @@ proptest! {
         let options = unsafe { ExportOptions::new().allow_read_only() };
         match tensorbridge_tch::export_with(&t, options) {
             Ok(torch) => {
-                prop_assert_eq!(tensorbridge_tch::import(&torch).unwrap().dtype(), dtype);
+                prop_assert_eq!(import(&torch).unwrap().dtype(), dtype);
                 prop_assert!(ScalarType::from_dtype(dtype).is_ok());
             }
             Err(Error::SubByte { dtype: d }) => prop_assert!(d == dtype && dtype.is_subbyte()),

@@ -1,12 +1,13 @@
 //! Shapes and strides both ways, over the testkit's small layouts: strides >= 0 cross
-//! unchanged (libtorch has no negative strides, which are refused with the first offending
-//! dimension), and libtorch's own views keep their strides and storage offset.
+//! unchanged (libtorch has no negative strides: those that reach memory are refused with the
+//! first offending dimension, those that reach none cross as their absolute value), and
+//! libtorch's own views keep their strides and storage offset.
 
 use proptest::prelude::*;
 use tensorbridge_tch::{Error, ExportOptions};
 use tensorbridge_testkit::{DropCounter, HostBuffer, small_layout};
 
-use crate::torch_values;
+use crate::{import, torch_values};
 
 /// Small layouts with strides >= 0 (zero strides, broadcasting, included).
 fn torch_layout() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
@@ -33,7 +34,7 @@ proptest! {
         }
         prop_assert_eq!(torch_values(&torch), expected.clone());
 
-        let back = tensorbridge_tch::import(&torch).unwrap();
+        let back = import(&torch).unwrap();
         prop_assert_eq!(back.shape(), &shape[..]);
         prop_assert_eq!(back.strides_elems(), &strides[..]);
         prop_assert_eq!(back.data_ptr(), torch.data_ptr() as usize);
@@ -45,22 +46,43 @@ proptest! {
         prop_assert_eq!(counter.drops(), 1);
     }
 
+    /// A negative stride that moves (size > 1, tensor with elements) is refused with the first
+    /// such dimension; one that reaches no memory (size 1, or no elements) is accepted, passed
+    /// to libtorch as its absolute value, with the same memory and values.
     #[test]
-    fn negative_strides_are_refused_with_the_first_one((shape, strides) in small_layout(5)) {
+    fn negative_strides_are_refused_only_where_they_reach_memory((shape, strides) in small_layout(5)) {
         prop_assume!(strides.iter().any(|&s| s < 0));
         let buffer = HostBuffer::new(&shape, &strides, |i| i as f32);
+        let expected = buffer.expected_contiguous();
         let counter = DropCounter::new();
         let t = buffer.into_tensor(&counter);
-        // SAFETY: nothing writes through a libtorch tensor (none is made).
+        // SAFETY: nothing writes through the libtorch tensor.
         let options = unsafe { ExportOptions::new().allow_read_only() };
-        let dim = strides.iter().position(|&s| s < 0).unwrap();
-        let err = tensorbridge_tch::export_with(&t, options).unwrap_err();
-        let refused = matches!(
-            err,
-            Error::NegativeStride { dim: d, stride } if d == dim && stride == strides[dim]
-        );
-        prop_assert!(refused, "{err}");
-        prop_assert_eq!(std::sync::Arc::strong_count(t.owner()), 1, "no clone kept");
+        let empty = shape.contains(&0);
+        let moving = (0..shape.len()).find(|&d| strides[d] < 0 && shape[d] > 1 && !empty);
+        match moving {
+            Some(dim) => {
+                let err = tensorbridge_tch::export_with(&t, options).unwrap_err();
+                let refused = matches!(
+                    err,
+                    Error::NegativeStride { dim: d, stride } if d == dim && stride == strides[dim]
+                );
+                prop_assert!(refused, "{err}");
+                prop_assert_eq!(std::sync::Arc::strong_count(t.owner()), 1, "no clone kept");
+            }
+            None => {
+                let torch = tensorbridge_tch::export_with(&t, options).unwrap();
+                let abs: Vec<i64> = strides.iter().map(|s| s.abs()).collect();
+                prop_assert_eq!(torch.size(), shape.clone());
+                prop_assert_eq!(torch.stride(), abs);
+                if !empty {
+                    prop_assert_eq!(torch.data_ptr() as usize, t.data_ptr());
+                }
+                prop_assert_eq!(torch_values(&torch), expected);
+                drop((t, torch));
+                prop_assert_eq!(counter.drops(), 1, "released once");
+            }
+        }
     }
 
     /// libtorch's own views (narrow, select, transpose, step slices) of a tensor it
@@ -89,7 +111,7 @@ proptest! {
                 _ => view,
             };
         }
-        let shared = tensorbridge_tch::import(&view).unwrap();
+        let shared = import(&view).unwrap();
         prop_assert_eq!(shared.shape(), &view.size()[..]);
         prop_assert_eq!(shared.strides_elems(), &view.stride()[..]);
         prop_assert_eq!(shared.data_ptr(), view.data_ptr() as usize);
@@ -101,5 +123,32 @@ proptest! {
             prop_assert_eq!(shared.data(), base.data_ptr() as usize);
         }
         prop_assert_eq!(shared.host_view::<f32>().unwrap().to_contiguous(), torch_values(&view));
+    }
+}
+
+/// The cases the property above may rarely draw, spelled out: a size-1 dimension with a
+/// negative stride, and a tensor without elements with a negative stride on a dimension of
+/// 3, both accepted with the stride's absolute value (they used to be refused).
+#[test]
+fn negative_strides_that_reach_no_memory_are_accepted() {
+    for (shape, strides, abs) in [
+        ([1i64, 3], [-7i64, 1], [7i64, 1]),
+        ([0, 3], [3, -1], [3, 1]),
+    ] {
+        let buffer = HostBuffer::new(&shape, &strides, |i| i as f32);
+        let expected = buffer.expected_contiguous();
+        let counter = DropCounter::new();
+        let t = buffer.into_tensor(&counter);
+        // SAFETY: nothing writes through the libtorch tensor.
+        let options = unsafe { ExportOptions::new().allow_read_only() };
+        let torch = tensorbridge_tch::export_with(&t, options).unwrap();
+        assert_eq!(torch.size(), shape);
+        assert_eq!(torch.stride(), abs);
+        if t.numel() > 0 {
+            assert_eq!(torch.data_ptr() as usize, t.data_ptr(), "zero-copy");
+        }
+        assert_eq!(torch_values(&torch), expected);
+        drop((t, torch));
+        assert_eq!(counter.drops(), 1);
     }
 }

@@ -4,6 +4,7 @@
 mod dtypes;
 mod layout;
 mod ownership;
+mod pinning;
 mod refusals;
 mod zero_copy;
 
@@ -11,6 +12,14 @@ use std::sync::Arc;
 
 use tensorbridge::{Access, DType, Device, RawTensor, Tensor};
 use tensorbridge_testkit::DropCounter;
+
+/// The crate's `tensorbridge_tch::import`, for tests that never resize the storage of a tensor
+/// they import while the import lives (its safety obligation). The tests about resizing (`pinning`) call
+/// the crate's function themselves.
+fn import(t: &tch::Tensor) -> Result<Tensor, tensorbridge_tch::Error> {
+    // SAFETY: no test that calls this resizes the imported storage (see above).
+    unsafe { tensorbridge_tch::import(t) }
+}
 
 /// A tensor's values in row-major order, copied by libtorch.
 fn torch_values(t: &tch::Tensor) -> Vec<f32> {

@@ -9,7 +9,7 @@ use tensorbridge::{Access, DType, Device};
 use tensorbridge_tch::Error;
 use tensorbridge_testkit::DropCounter;
 
-use crate::{claimed, counted_tensor, torch_values};
+use crate::{claimed, counted_tensor, import, torch_values};
 
 #[test]
 fn released_once_after_every_libtorch_view_and_clone() {
@@ -78,7 +78,7 @@ fn round_trips_release_the_original_owner_once() {
     let t = counted_tensor(&counter, &[2, 3]);
     let torch = tensorbridge_tch::export(&t).unwrap();
     drop(t);
-    let back = tensorbridge_tch::import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a shallow clone
+    let back = import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a shallow clone
     drop(torch);
     assert_eq!(counter.drops(), 0);
     let again = tensorbridge_tch::export(&back).unwrap(); // a second storage over the same memory
@@ -92,7 +92,7 @@ fn round_trips_release_the_original_owner_once() {
 #[test]
 fn import_keeps_libtorch_memory_alive() {
     let torch = tch::Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).reshape([2, 3]);
-    let shared = tensorbridge_tch::import(&torch.transpose(0, 1)).unwrap();
+    let shared = import(&torch.transpose(0, 1)).unwrap();
     drop(torch); // the shallow clone in the owner still holds the storage
     assert_eq!(
         shared.host_view::<f32>().unwrap().to_contiguous(),

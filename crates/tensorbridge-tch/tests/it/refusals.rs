@@ -4,13 +4,13 @@ use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Access, DType, DTypeCode, Device, DeviceType};
 use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout};
 
-use crate::claimed;
+use crate::{claimed, import};
 
 // ---- tch -> Tensor ----
 
 #[test]
 fn undefined_tensors() {
-    let err = tensorbridge_tch::import(&tch::Tensor::new()).unwrap_err();
+    let err = import(&tch::Tensor::new()).unwrap_err();
     assert!(matches!(err, Error::Undefined));
     assert_eq!(
         err.to_string(),
@@ -22,7 +22,7 @@ fn undefined_tensors() {
 fn sparse_tensors() {
     let dense = tch::Tensor::eye(3, (Kind::Float, TchDevice::Cpu));
     let sparse = dense.to_sparse(None, None::<&[i64]>, None);
-    let err = tensorbridge_tch::import(&sparse).unwrap_err();
+    let err = import(&sparse).unwrap_err();
     assert!(matches!(
         err,
         Error::NotStrided {
@@ -38,17 +38,17 @@ fn sparse_tensors() {
 #[test]
 fn conjugate_and_negative_bits() {
     let z = tch::Tensor::zeros([2], (Kind::ComplexFloat, TchDevice::Cpu));
-    let err = tensorbridge_tch::import(&z.conj()).unwrap_err();
+    let err = import(&z.conj()).unwrap_err();
     assert!(matches!(err, Error::ConjugateBit));
     assert_eq!(
         err.to_string(),
         "the tensor's conjugate bit is set, so its memory holds the unconjugated values \
          (expected a materialised tensor; call resolve_conj() first)"
     );
-    assert!(tensorbridge_tch::import(&z.conj().resolve_conj()).is_ok());
+    assert!(import(&z.conj().resolve_conj()).is_ok());
 
     let x = tch::Tensor::zeros([2], (Kind::Float, TchDevice::Cpu));
-    let err = tensorbridge_tch::import(&x.internal_neg_view()).unwrap_err();
+    let err = import(&x.internal_neg_view()).unwrap_err();
     assert!(matches!(err, Error::NegativeBit));
     assert_eq!(
         err.to_string(),

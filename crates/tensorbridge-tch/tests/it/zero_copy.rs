@@ -4,7 +4,7 @@
 use tch::{Device as TchDevice, Kind};
 use tensorbridge::{Device, Ready, Tensor};
 
-use crate::torch_values;
+use crate::{import, torch_values};
 
 #[test]
 fn export_shares_memory_both_ways() {
@@ -38,7 +38,7 @@ fn export_shares_memory_both_ways() {
 #[test]
 fn import_shares_memory_both_ways() {
     let mut torch = tch::Tensor::zeros([2, 5], (Kind::Double, TchDevice::Cpu));
-    let shared = tensorbridge_tch::import(&torch).unwrap();
+    let shared = import(&torch).unwrap();
     assert_eq!(shared.data_ptr(), torch.data_ptr() as usize);
     assert_eq!(shared.device(), Device::CPU);
     assert!(matches!(shared.ready(), Ready::Now));
@@ -67,7 +67,7 @@ fn offsets_survive_both_ways() {
     let torch = tensorbridge_tch::export(&t).unwrap();
     assert_eq!(torch.data_ptr() as usize, base.data_ptr() + 8); // folded into the pointer
     assert_eq!(Vec::<i32>::try_from(&torch).unwrap(), [2, 3, 4]);
-    let back = tensorbridge_tch::import(&torch.narrow(0, 1, 2)).unwrap();
+    let back = import(&torch.narrow(0, 1, 2)).unwrap();
     // libtorch's storage starts at element 0 of `t`: the view's storage offset is 1.
     assert_eq!((back.data(), back.byte_offset()), (base.data_ptr() + 8, 4));
     assert_eq!(back.host_view::<i32>().unwrap().to_contiguous(), [3, 4]);
