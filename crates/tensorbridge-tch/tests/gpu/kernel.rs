@@ -150,9 +150,7 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
         ),
         "{err:?}"
     );
-    let b = crate::import(
-        &tch::Tensor::zeros([1, 4], (Kind::Float, dev)).expand([3, 4], false),
-    )?;
+    let b = crate::import(&tch::Tensor::zeros([1, 4], (Kind::Float, dev)).expand([3, 4], false))?;
     let err = with_current_stream(0, |s| axpy(s, 1.0, &xt, &b))?.unwrap_err();
     ensure!(
         matches!(
