@@ -618,15 +618,20 @@ unsafe fn retire_at(ctx: &Arc<CudaContext>, stream: sys::CUstream, owner: Owner)
 }
 
 /// Releases the keepers of borrowed streams whose last escaped wrapper is gone
-/// ([`with_stream_raw`](crate::with_stream_raw)), and the owners that dropped views kept alive, once the device has finished the
-/// consumer work enqueued before each view was dropped (and those kept by CUDA graphs that
-/// have since been destroyed), and returns how many still wait for device work.
+/// ([`with_stream_raw`](crate::with_stream_raw)), and the owners that dropped views kept
+/// alive, once the device has finished the consumer work enqueued before each view was
+/// dropped (and those kept by CUDA graphs that have since been destroyed), and returns how
+/// many still wait for device work. The calling thread's current context is as it was
+/// afterwards, whatever the released owners' drops made current (a cudarc buffer or stream
+/// binds its own context to free itself).
 ///
 /// The cudarc adapter calls it on every view and `try_into_slice`, the tch adapter when it
 /// hands memory to libtorch; call it yourself to release memory sooner when no more views
 /// are coming. Never blocks on the device. Its event queries use the relaxed capture mode,
 /// so a CUDA graph being captured on any thread is not disturbed.
 pub fn reclaim() -> usize {
+    // Without a driver there is nothing to save (the guard is inert) and nothing was retired.
+    let _restore = ContextGuard::save().ok();
     drain_released();
     crate::borrow::sweep_escaped();
     let mut done = Vec::new();

@@ -171,7 +171,10 @@ impl<'s> KernelArgs<'s> {
         &self,
         tensor: &'t Tensor,
     ) -> Result<DeviceView<'t, T>, Error> {
-        self.input_at(self.taken.borrow().len(), tensor)
+        // Not `self.input_at(self.taken.borrow().len(), ..)`: the borrow would live until the
+        // end of that statement, across `record`'s `borrow_mut`.
+        let position = self.taken.borrow().len();
+        self.input_at(position, tensor)
     }
 
     /// [`input`](KernelArgs::input) for an argument whose position (what errors name) the
@@ -203,7 +206,8 @@ impl<'s> KernelArgs<'s> {
         &self,
         tensor: &'t Tensor,
     ) -> Result<DeviceViewMut<'t, T>, Error> {
-        self.output_at(self.taken.borrow().len(), tensor)
+        let position = self.taken.borrow().len(); // as in `input`
+        self.output_at(position, tensor)
     }
 
     /// [`output`](KernelArgs::output) at a position the caller numbers itself.

@@ -28,6 +28,9 @@ def main(device="cuda"):
     n = 1 << 20
     x = torch.full((n,), 3.0, device=device)
     y = torch.ones(n, device=device)
+    # The first call compiles the kernel with NVRTC (once per process and device, ~0.1 s):
+    # done here, so the call below shows the host cost of a call, not of the compiler.
+    ext.axpy(0.0, torch.zeros(1, device=device), torch.zeros(1, device=device))
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         torch.cuda._sleep(10_000_000)  # the stream is busy a while...
