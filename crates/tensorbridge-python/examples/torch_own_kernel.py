@@ -31,9 +31,16 @@ def main(device="cuda"):
     # The first call compiles the kernel with NVRTC (once per process and device, ~0.1 s):
     # done here, so the call below shows the host cost of a call, not of the compiler.
     ext.axpy(0.0, torch.zeros(1, device=device), torch.zeros(1, device=device))
+    # About 50 ms of GPU work, whatever the clock: torch's spin kernel timed once.
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(20_000_000)
+    e1.record()
+    e1.synchronize()
+    cycles = int(20_000_000 / e0.elapsed_time(e1) * 50)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        torch.cuda._sleep(10_000_000)  # the stream is busy a while...
+        torch.cuda._sleep(cycles)  # the stream is busy a while...
         x.mul_(2.0)  # ...then writes x = 6
         t0 = time.perf_counter()
         ext.axpy(0.5, x, y)  # y += 0.5 * x on s, after x.mul_

@@ -65,7 +65,8 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
 /// # fn demo(x: &tch::Tensor, y: &tch::Tensor, f: &cudarc::driver::CudaFunction)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
 /// use cudarc::driver::{LaunchConfig, PushKernelArg};
-/// let (xt, yt) = (tensorbridge_tch::import(x)?, tensorbridge_tch::import(y)?);
+/// // SAFETY: nothing resizes x's or y's storage while xt and yt live.
+/// let (xt, yt) = unsafe { (tensorbridge_tch::import(x)?, tensorbridge_tch::import(y)?) };
 /// tensorbridge_tch::with_current_stream(0, |stream| {
 ///     let args = tensorbridge_cudarc::KernelArgs::new(stream);
 ///     let (xv, mut yv) = (args.input::<f32>(&xt)?, args.output::<f32>(&yt)?);

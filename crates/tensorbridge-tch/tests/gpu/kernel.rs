@@ -102,12 +102,14 @@ fn control_the_same_kernel_unordered_reads_stale_values() -> Result<()> {
     let x = tch::Tensor::zeros([N as i64], (Kind::Float, dev));
     let y = tch::Tensor::ones([N as i64], (Kind::Float, dev));
     let (xt, yt) = (crate::import(&x)?, crate::import(&y)?);
+    // A non-blocking stream of its own, and x's readiness withheld: nothing orders it. Made
+    // before the producer runs: cudarc's first `new_stream` of a context synchronises the
+    // context, which would wait for the producer and hide the race.
+    let own = ctx.new_stream()?;
     tch::Cuda::synchronize(0);
     Affine::fill(xt.data_ptr() as u64, N, 2.0, 1.0)
         .after(SPIN_NS)
         .launch(&k, &ctx.default_stream())?;
-    // A non-blocking stream of its own, and x's readiness withheld: nothing orders it.
-    let own = ctx.new_stream()?;
     // SAFETY: `Ready::Now` is a lie on purpose (the control); the memory stays alive until
     // the synchronisations below.
     let x_now = unsafe { xt.clone().with_ready(tensorbridge::Ready::Now) };
