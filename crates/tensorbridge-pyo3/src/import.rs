@@ -99,6 +99,17 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
             {
                 refused = Some(Error::Python(e));
             }
+            // A capsule whose description does not validate, from a producer that also offers
+            // an array interface: CuPy 14.2 exports negative strides through DLPack as
+            // `(u64)byte_stride / itemsize` (2**62 - 1 for -4 bytes of float32), while its
+            // `__cuda_array_interface__` says -4. The capsule is already given back (its
+            // deleter ran once); the interface is validated on its own below, and its error is
+            // the one raised if it fails too.
+            Err(e @ Error::Dlpack(tensorbridge_dlpack::Error::Core(_)))
+                if !table.published() && has_interface(obj)? =>
+            {
+                refused = Some(e);
+            }
             result => return result,
         }
     }
@@ -122,6 +133,13 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
     Err(refused.unwrap_or_else(|| Error::NotATensor {
         type_name: type_name(obj),
     }))
+}
+
+/// Whether `obj` offers `__cuda_array_interface__` or `__array_interface__`.
+fn has_interface(obj: &Bound<'_, PyAny>) -> Result<bool> {
+    let py = obj.py();
+    Ok(obj.hasattr(pyo3::intern!(py, "__cuda_array_interface__"))?
+        || obj.hasattr(pyo3::intern!(py, "__array_interface__"))?)
 }
 
 /// Refuses a NumPy masked array that masks elements: it inherits `__dlpack__` and

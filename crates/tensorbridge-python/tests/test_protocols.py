@@ -611,3 +611,44 @@ def test_rocm_view_refuses_cuda_only_streams(tb, buf, stream):
     v = tb.asview(FakeRocm(buf))
     with pytest.raises(ValueError, match="ROCm"):
         v.__dlpack__(stream=stream, max_version=(1, 3))
+
+
+def test_capsule_that_does_not_validate_falls_back_to_the_array_interface(tb):
+    """CuPy 14.2 exports negative strides through DLPack as ``(u64)byte_stride / itemsize``
+    (2**62 - 1 for -4 bytes of float32) while its array interface says -4: such a producer
+    is viewed through the interface, and the refused capsule's deleter runs once. A producer
+    whose interface is wrong too gets the interface's error."""
+    import numpy as np
+
+    base = np.arange(10, dtype=np.float32)
+    rev = base[::-1]
+    h = HandMadeCapsule(data=rev.ctypes.data, shape=(10,), strides=((2**64 - 4) // 4,), keep=base)
+
+    class CupyLike:
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            return h.make()
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        __array_interface__ = rev.__array_interface__
+
+    v = tb.asview(CupyLike())
+    assert v.shape == (10,) and v.strides == (-1,) and v.ptr == rev.ctypes.data
+    assert np.array_equal(np.asarray(v), rev)
+    assert h.deleted == 1
+
+    class AllWrong(CupyLike):
+        __array_interface__ = {**rev.__array_interface__, "strides": (3,)}
+
+    with pytest.raises(ValueError):
+        tb.asview(AllWrong())
+    assert h.deleted == 2
+
+    class NoInterface:
+        __dlpack__ = CupyLike.__dlpack__
+        __dlpack_device__ = CupyLike.__dlpack_device__
+
+    with pytest.raises(ValueError, match="overflows"):
+        tb.asview(NoInterface())
+    assert h.deleted == 3
