@@ -31,6 +31,9 @@ def main(device="cuda"):
     # The first call compiles the kernel with NVRTC (once per process and device, ~0.1 s):
     # done here, so the call below shows the host cost of a call, not of the compiler.
     ext.axpy(0.0, torch.zeros(1, device=device), torch.zeros(1, device=device))
+    # torch's first `mul_` is warmed up too: CUDA loads a kernel's module at its first launch, and
+    # that waits for the device, so the first one would wait for the busy stream below.
+    x.mul_(1.0)
     # About 50 ms of GPU work, whatever the clock: torch's spin kernel timed once.
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(1000)  # its first launch loads the kernel: not part of the timing
