@@ -55,25 +55,28 @@ fn a_producer_is_released_when_its_owner_drops_with_the_gil_released_under_pyo3(
 fn a_release_callback_runs_once_when_the_gil_was_released_under_pyo3() {
     with_py(|py| {
         let calls = pyo3::types::PyList::empty(py);
-        let view = eval(
-            py,
-            "tb.from_ptr(__import__('ctypes').addressof(b), (4,), 'uint8', device='cpu', \
-             owner=b, release=lambda: calls.append(1))",
-            &[
-                (
-                    "b",
-                    &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap(),
-                ),
-                ("calls", calls.as_any()),
-            ],
-        )
-        .unwrap();
+        let view = released_into(py, &calls);
         let t = tensorbridge_pyo3::import(&view).unwrap();
         drop(view);
         assert_eq!(calls.len(), 0);
         gil_released_behind_pyo3s_back(move || drop(t));
         assert_eq!(calls.len(), 1, "called once, at once");
     });
+}
+
+/// A `from_ptr` view over a ctypes buffer whose `release` appends to `calls`.
+fn released_into<'py>(
+    py: Python<'py>,
+    calls: &Bound<'py, pyo3::types::PyList>,
+) -> Bound<'py, PyAny> {
+    let buffer = eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap();
+    eval(
+        py,
+        "tb.from_ptr(__import__('ctypes').addressof(b), (4,), 'uint8', device='cpu', \
+         owner=b, release=lambda: calls.append(1))",
+        &[("b", &buffer), ("calls", calls.as_any())],
+    )
+    .unwrap()
 }
 
 /// A tensor whose owner is counted.
@@ -125,19 +128,7 @@ fn an_unconsumed_capsule_dies_while_a_panic_exception_is_in_flight() {
 fn a_release_callback_runs_while_a_panic_exception_is_in_flight() {
     with_py(|py| {
         let calls = pyo3::types::PyList::empty(py);
-        let view = eval(
-            py,
-            "tb.from_ptr(__import__('ctypes').addressof(b), (4,), 'uint8', device='cpu', \
-             owner=b, release=lambda: calls.append(1))",
-            &[
-                (
-                    "b",
-                    &eval(py, "(__import__('ctypes').c_uint8 * 4)()", &[]).unwrap(),
-                ),
-                ("calls", calls.as_any()),
-            ],
-        )
-        .unwrap();
+        let view = released_into(py, &calls);
         let capsule = eval(py, "v.__dlpack__(max_version=(1, 3))", &[("v", &view)]).unwrap();
         drop(view);
         raise_panic_exception(py);
