@@ -40,16 +40,21 @@ pub(crate) unsafe fn import(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resu
 /// per-thread default stream (`2`), and default streams of pinned and managed memory (whose
 /// device names no GPU). Anything else is kept as it is.
 pub(crate) fn settle(t: Tensor) -> Result<Tensor> {
-    use tensorbridge::Stream;
-    let local = match t.ready() {
-        Ready::Stream(Stream::PerThreadDefault) => true,
-        Ready::Stream(Stream::LegacyDefault) => t.device().kind != DeviceType::Cuda,
-        _ => false,
-    };
-    if local {
+    if needs_settling(t.ready(), t.device().kind) {
         return Ok(tensorbridge_cuda::record_ready(&t)?);
     }
     Ok(t)
+}
+
+/// Whether [`settle`] would turn `ready` into an event for memory on a `kind` device: the
+/// per-thread default stream, or a default-stream sentinel for pinned or managed memory.
+pub(crate) fn needs_settling(ready: &Ready, kind: DeviceType) -> bool {
+    use tensorbridge::Stream;
+    match ready {
+        Ready::Stream(Stream::PerThreadDefault) => true,
+        Ready::Stream(Stream::LegacyDefault) => kind != DeviceType::Cuda,
+        _ => false,
+    }
 }
 
 /// [`import`] before [`settle`].

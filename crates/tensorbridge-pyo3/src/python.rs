@@ -154,20 +154,27 @@ fn from_ptr_impl(
     // Readiness that names a thread's own stream becomes an event first: that may fail, and
     // `release` must not run for a `from_ptr` that raises (it stays the caller's), so the
     // owner holding it is made only after everything that can fail.
-    // SAFETY: the placeholder owns nothing and is dropped here; nothing reads through it
-    // (settling records an event on the producer stream, it does not touch the memory). The
-    // caller vouches that `producer_stream` is where the data becomes ready and that it lives
-    // as long as the view (documented above); `None` means nothing is pending.
-    let placeholder = unsafe { Tensor::from_descriptor(desc.clone(), std::sync::Arc::new(())) };
-    // SAFETY: as above.
-    let settled = crate::import::settle(unsafe { placeholder.with_ready(ready) })?;
+    let ready = if crate::import::needs_settling(&ready, desc.device().kind) {
+        // SAFETY: the placeholder owns nothing and is dropped here; nothing reads through it
+        // (settling records an event on the producer stream, it does not touch the memory).
+        // The caller vouches that `producer_stream` is where the data becomes ready and that
+        // it lives as long as the view (documented above).
+        let placeholder = unsafe { Tensor::from_descriptor(desc.clone(), std::sync::Arc::new(())) };
+        // SAFETY: as above.
+        let settled = crate::import::settle(unsafe { placeholder.with_ready(ready) })?;
+        settled.ready().clone()
+    } else {
+        ready
+    };
     // SAFETY: the Python caller vouches for the memory, as every raw-pointer API does (the
     // docstring says so): valid on `device` until `release` is called / `owner` is dropped,
     // which happens only when the tensor's last clone drops this owner; on CUDA the driver
     // confirmed that the span lies in one live allocation of that device.
     let tensor = unsafe { Tensor::from_descriptor(desc, Release::owner(release, owner)) };
-    // SAFETY: the settled readiness of this same memory (see above).
-    Ok(unsafe { tensor.with_ready(settled.ready().clone()) })
+    // SAFETY: the caller vouches that `producer_stream` is where the data becomes ready and
+    // that it lives as long as the view (documented above); `None` means nothing is pending;
+    // a settled readiness is an event recorded on that stream.
+    Ok(unsafe { tensor.with_ready(ready) })
 }
 
 /// The address in `ptr`: a non-negative int.
