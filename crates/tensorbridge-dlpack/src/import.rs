@@ -208,6 +208,28 @@ pub unsafe fn import_legacy(
     }
 }
 
+/// Validates a borrowed `DLTensor` (no managed tensor, no deleter): what the DLPack C
+/// exchange API's `dltensor_from_py_object_no_sync` fills in for a producer object that keeps
+/// the memory alive itself. The caller makes the returned descriptor a [`Tensor`] with an
+/// owner that keeps that object alive.
+///
+/// `version` is the version the producer follows (its exchange table's): from 1.2 on, null
+/// `strides` are refused for `ndim != 0`. A `DLTensor` has no flags: the caller says whether
+/// the memory may be written (`access`); sub-byte types are packed.
+///
+/// # Safety
+/// 1. A non-null `dl.shape` points to `dl.ndim` readable `i64`s, and so does a non-null
+///    `dl.strides`, neither changing during the call.
+pub unsafe fn describe_borrowed(
+    dl: &DLTensor,
+    version: DLPackVersion,
+    access: Access,
+) -> Result<Descriptor, Error> {
+    let strides_required = (version.major > 1 || version.minor >= 2).then_some(version);
+    // SAFETY: obligation 1.
+    unsafe { describe(dl, strides_required, access, Packing::Packed) }
+}
+
 /// Reads a `DLTensor` into the core's untrusted [`RawTensor`] and validates it.
 ///
 /// `strides_required` is the declared version when it forbids null strides for

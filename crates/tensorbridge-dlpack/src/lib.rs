@@ -89,7 +89,7 @@ mod import;
 
 pub use error::{Error, ImportError};
 pub use export::{ReadOnlyPolicy, export_legacy, export_versioned};
-pub use import::{Imported, import_legacy, import_versioned};
+pub use import::{Imported, describe_borrowed, import_legacy, import_versioned};
 
 // Thread safety of the public types, checked at compile time:
 // - `Imported`: a core `Tensor` (Send + Sync, see the core's list) and plain flags.

@@ -13,27 +13,57 @@ use crate::error::{Error, Result};
 use crate::ffi::{PYBUF_FORMAT, PYBUF_STRIDES, Py_buffer, PyObject_GetBuffer};
 use crate::owner::HeldBuffer;
 
+/// Shapes and strides of up to 8 dimensions without a heap allocation.
+type Dims = smallvec::SmallVec<[i64; 8]>;
+
+/// Byte strides -> element strides, refused (by [`Layout::strides_from_bytes`], with its
+/// error) when they are not whole elements.
+fn strides_in_elements(bytes: &[i64], itemsize: usize) -> Result<Dims> {
+    let size = i64::try_from(itemsize).unwrap_or(0);
+    if size == 0 || bytes.iter().any(|b| b % size != 0) {
+        return Ok(Layout::strides_from_bytes(bytes, itemsize)?.into_iter().collect());
+    }
+    Ok(bytes.iter().map(|b| b / size).collect())
+}
+
+/// A NumPy `ndarray` (exactly that type) through the buffer protocol: the same memory,
+/// dtype, layout and writability its `__dlpack__` exports, without a Python call or a
+/// capsule; NumPy also refuses to resize an array while a buffer of it is held. `Ok(None)`
+/// for anything the buffer does not describe exactly as DLPack would (dtypes without a
+/// buffer format such as datetimes and ml_dtypes' types, byte-swapped data, strides that are
+/// not whole elements): the caller then takes the general way, whose refusal is NumPy's own.
+pub(crate) fn ndarray(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
+    match get(obj) {
+        // A refusal drops `held`, which releases the buffer.
+        Ok(held) => Ok(tensor(held).ok()),
+        // Not this way; the general way asks NumPy again and reports its refusal.
+        Err(_) => Ok(None),
+    }
+}
+
 /// Asks `obj` for a strided buffer with its format (read-only buffers allowed). `Ok(None)`
 /// when `obj` does not export buffers at all (a `TypeError` from `PyObject_GetBuffer`).
 pub(crate) fn hold(obj: &Bound<'_, PyAny>) -> Result<Option<HeldBuffer>> {
+    match get(obj) {
+        Ok(held) => Ok(Some(held)),
+        Err(err) if err.is_instance_of::<PyTypeError>(obj.py()) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// `PyObject_GetBuffer(obj, STRIDES | FORMAT)` into a held buffer, or the exporter's error.
+fn get(obj: &Bound<'_, PyAny>) -> PyResult<HeldBuffer> {
     let view = Box::into_raw(Box::new(Py_buffer::zeroed()));
     // SAFETY: attached (we hold `obj`); `view` is a live, writable, never-moving struct.
     let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), view, PYBUF_STRIDES | PYBUF_FORMAT) };
     if rc != 0 {
         // SAFETY: a failed call leaves nothing to release; the box is ours.
         drop(unsafe { Box::from_raw(view) });
-        let err = PyErr::fetch(obj.py());
-        return if err.is_instance_of::<PyTypeError>(obj.py()) {
-            Ok(None)
-        } else {
-            Err(err.into())
-        };
+        return Err(PyErr::fetch(obj.py()));
     }
     // SAFETY: from `Box::into_raw`, filled by a successful `PyObject_GetBuffer`, released by
     // nobody else.
-    Ok(Some(unsafe {
-        HeldBuffer::new(NonNull::new(view).expect("Box::into_raw is never null"))
-    }))
+    Ok(unsafe { HeldBuffer::new(NonNull::new(view).expect("Box::into_raw is never null")) })
 }
 
 /// The tensor a held buffer describes, zero-copy; the buffer is released when the last
@@ -48,22 +78,21 @@ pub(crate) fn tensor(held: HeldBuffer) -> Result<Tensor> {
     } else {
         // SAFETY: a non-null format is a NUL-terminated string the exporter keeps until
         // the buffer is released (PEP 3118); `held` is alive here.
-        Some(
-            unsafe { std::ffi::CStr::from_ptr(view.format) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        let bytes = unsafe { std::ffi::CStr::from_ptr(view.format) };
+        Some(bytes.to_str().map_err(|_| Error::BufferFormat {
+            format: bytes.to_string_lossy().into_owned(),
+        })?)
     };
-    let dtype = dtype_from_format(format.as_deref())?;
+    let dtype = dtype_from_format(format)?;
     if usize::try_from(view.itemsize).ok() != Some(dtype.itemsize()) {
         return Err(Error::BufferFormat {
-            format: format.unwrap_or_else(|| "B".to_owned()),
+            format: format.unwrap_or("B").to_owned(),
         });
     }
     let ndim = usize::try_from(view.ndim).unwrap_or(0);
     let one_dim = [view.len / view.itemsize.max(1)];
-    let shape: Vec<i64> = if ndim == 0 {
-        Vec::new()
+    let shape: Dims = if ndim == 0 {
+        Dims::new()
     } else if view.shape.is_null() {
         one_dim.iter().map(|&n| n as i64).collect()
     } else {
@@ -77,11 +106,11 @@ pub(crate) fn tensor(held: HeldBuffer) -> Result<Tensor> {
         None
     } else {
         // SAFETY: as for `shape`.
-        let bytes: Vec<i64> = unsafe { std::slice::from_raw_parts(view.strides, ndim) }
+        let bytes: Dims = unsafe { std::slice::from_raw_parts(view.strides, ndim) }
             .iter()
             .map(|&s| s as i64)
             .collect();
-        Some(Layout::strides_from_bytes(&bytes, dtype.itemsize())?)
+        Some(strides_in_elements(&bytes, dtype.itemsize())?)
     };
     let raw = RawTensor {
         strides: strides.as_deref(),

@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyInt};
 use tensorbridge::Stream;
 use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
-use tensorbridge_dlpack::ffi::{DLDeviceType, DLManagedTensorVersioned};
+use tensorbridge_dlpack::ffi::{DLDeviceType, DLManagedTensorVersioned, DLTensor};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
@@ -30,6 +30,12 @@ pub(crate) struct ExchangeApi {
     /// Static, process-lifetime storage (the protocol's promise); read-only.
     api: NonNull<DLPackExchangeAPI>,
 }
+
+// SAFETY: the table is static, process-lifetime and never written (the protocol's promise):
+// sharing its address between threads shares nothing mutable.
+unsafe impl Send for ExchangeApi {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for ExchangeApi {}
 
 /// Walks `prev_api` from the newest table to one of major version 1, if any.
 ///
@@ -79,74 +85,99 @@ impl Table {
 /// table would export.
 const PROTOCOL: [&str; 3] = ["__dlpack__", "__dlpack_device__", "__torch_function__"];
 
-/// `type(obj)`'s exchange table, if it publishes a usable one.
+/// What an import needs to know about `type(obj)`, decided once per type.
+#[derive(Clone, Copy)]
+pub(crate) struct TypeInfo {
+    /// The type's DLPack C exchange table.
+    pub(crate) table: Table,
+    /// The table's publisher is PyTorch (`torch.Tensor`), whose exports never carry
+    /// `READ_ONLY` (PyTorch has no read-only tensors; checked on 2.11 with tensors over
+    /// read-only NumPy arrays and `bytes`): its non-owning `dltensor_from_py_object_no_sync`
+    /// then says everything its owning export says.
+    pub(crate) torch: bool,
+    /// A NumPy masked array type (`numpy.ma`): its mask travels in no protocol.
+    pub(crate) masked: bool,
+    /// Exactly `numpy.ndarray` (no subclass): its buffer-protocol export describes the same
+    /// memory, dtype and writability as its `__dlpack__`, without a Python call.
+    pub(crate) ndarray: bool,
+    /// The lazy-state questions [`eligible`] asks objects of this type.
+    pub(crate) asks: Asks,
+    /// A CuPy type (its module is `cupy` or in it): CuPy has a current stream.
+    pub(crate) cupy: bool,
+}
+
+/// `type(obj)`'s [`TypeInfo`]: its exchange table, if it publishes a usable one, and what
+/// kind of producer it is.
 ///
 /// A table of a major version this crate does not read is no table: the importer falls back
 /// to `__dlpack__`, which such producers implement too. A subclass that overrides the
 /// Python protocol ([`PROTOCOL`]) of the class that publishes the table gets
 /// [`Table::Overridden`].
 ///
-/// Remembered per type: the capsule is a type attribute with static,
-/// process-lifetime storage, which consumers may cache per type (docs/PROTOCOLS.md, "The
-/// DLPack C exchange API"). Looking
-/// it up costs two failed attribute lookups (two `AttributeError`s raised and cleared, about
-/// a microsecond) for every type without one, CuPy's and NumPy's included, on every import.
+/// Remembered per type: the capsule is a type attribute with static, process-lifetime
+/// storage, which consumers may cache per type (docs/PROTOCOLS.md, "The DLPack C exchange
+/// API"), and a type's module and name do not change. Looking the table up costs two failed
+/// attribute lookups (two `AttributeError`s raised and cleared, about a microsecond) for
+/// every type without one, CuPy's and NumPy's included.
 ///
 /// The cache holds a strong reference to each type (so its address cannot be reused by
 /// another type) and at most [`TYPE_CACHE`] types; past that, lookups are not cached. A type
 /// that gains or loses the attribute after its first import keeps its first answer. Errors
 /// are never cached.
-pub(crate) fn find(obj: &Bound<'_, PyAny>) -> Result<Table> {
+pub(crate) fn type_info(obj: &Bound<'_, PyAny>) -> Result<TypeInfo> {
     use std::sync::Mutex;
 
     use pyo3::sync::PyOnceLock;
     use pyo3::types::PyType;
 
-    /// (the type, the table's address or 0 for none, whether the type overrides the
-    /// protocol).
-    type Entry = (Py<PyType>, usize, bool);
-    static CACHE: PyOnceLock<Mutex<Vec<Entry>>> = PyOnceLock::new();
+    static CACHE: PyOnceLock<Mutex<Vec<(Py<PyType>, TypeInfo)>>> = PyOnceLock::new();
     let py = obj.py();
     let cache = CACHE.get_or_init(py, || Mutex::new(Vec::new()));
-    let ty = obj.get_type();
+    let ty = obj.get_type_ptr();
     {
         // Poisoning cannot leave the list inconsistent (pushes are whole entries).
         let entries = cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, addr, overridden)) =
-            entries.iter().find(|(t, _, _)| t.as_ptr() == ty.as_ptr())
-        {
-            return Ok(
-                match NonNull::new(std::ptr::with_exposed_provenance_mut(*addr)) {
-                    None => Table::None,
-                    Some(_) if *overridden => Table::Overridden,
-                    Some(api) => Table::Usable(ExchangeApi { api }),
-                },
-            );
+        if let Some((_, info)) = entries.iter().find(|(t, _)| t.as_ptr().cast() == ty) {
+            return Ok(*info);
         }
     }
-    let found = lookup(obj)?;
+    let found = classify(obj)?;
     let mut entries = cache
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if entries.len() < TYPE_CACHE {
-        let (addr, overridden) = match found {
-            Table::None => (0, false),
-            Table::Usable(f) => (f.api.as_ptr().expose_provenance(), false),
-            // Any non-zero address: only `overridden` is read for it.
-            Table::Overridden => (1, true),
-        };
-        entries.push((ty.unbind(), addr, overridden));
+    if entries.len() < TYPE_CACHE && !entries.iter().any(|(t, _)| t.as_ptr().cast() == ty) {
+        entries.push((obj.get_type().unbind(), found));
     }
     Ok(found)
 }
 
-/// The most types [`find`] remembers.
+/// The most types [`type_info`] remembers.
 const TYPE_CACHE: usize = 64;
 
-/// [`find`] without the cache: the type's attributes, read now.
-fn lookup(obj: &Bound<'_, PyAny>) -> Result<Table> {
+/// [`type_info`] without the cache.
+fn classify(obj: &Bound<'_, PyAny>) -> Result<TypeInfo> {
+    let ty = obj.get_type();
+    let module = ty.module()?;
+    let module = module.to_cow()?;
+    let (table, torch) = lookup(obj)?;
+    Ok(TypeInfo {
+        table,
+        torch,
+        masked: module.starts_with("numpy.ma"),
+        ndarray: module == "numpy" && ty.qualname()?.to_cow()? == "ndarray",
+        cupy: module.starts_with("cupy"),
+        asks: if table.published() {
+            Asks::of(&ty)?
+        } else {
+            Asks::default()
+        },
+    })
+}
+
+/// The type's exchange table, read now, and whether PyTorch publishes it.
+fn lookup(obj: &Bound<'_, PyAny>) -> Result<(Table, bool)> {
     let py = obj.py();
     let ty = obj.get_type();
     let problem = |problem| Error::Exchange {
@@ -175,7 +206,9 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<Table> {
                         .map_err(|_| problem("__c_dlpack_exchange_api__ is not an address"))?;
                     std::ptr::with_exposed_provenance_mut(addr)
                 }
-                Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(Table::None),
+                Err(e) if e.is_instance_of::<PyAttributeError>(py) => {
+                    return Ok((Table::None, false));
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -184,22 +217,30 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<Table> {
     // SAFETY: the producer type publishes a static, process-lifetime table (DLPack 1.2/1.3:
     // "must stay alive throughout the lifetime of the process"), or null.
     let Some(api) = (unsafe { compatible(raw.cast()) }) else {
-        return Ok(Table::None);
+        return Ok((Table::None, false));
     };
-    if overrides_protocol(&ty, name)? {
-        return Ok(Table::Overridden);
+    let (overridden, publisher) = overrides_protocol(&ty, name)?;
+    let torch = match &publisher {
+        Some(class) => class
+            .getattr(pyo3::intern!(py, "__module__"))?
+            .extract::<String>()
+            .is_ok_and(|m| m == "torch" || m.starts_with("torch.")),
+        None => false,
+    };
+    if overridden {
+        return Ok((Table::Overridden, torch));
     }
-    Ok(Table::Usable(ExchangeApi { api }))
+    Ok((Table::Usable(ExchangeApi { api }), torch))
 }
 
 /// Whether `ty` overrides a [`PROTOCOL`] method of the class that publishes its table
 /// (attribute `table`): whether a class that defines one comes before the publisher in
 /// `ty`'s method resolution order. `torch.Tensor` defines them all itself; a subclass that
-/// defines none inherits them.
-fn overrides_protocol(
-    ty: &Bound<'_, pyo3::types::PyType>,
-    table: &Bound<'_, pyo3::types::PyString>,
-) -> Result<bool> {
+/// defines none inherits them. Also the publisher, when it comes first.
+fn overrides_protocol<'py>(
+    ty: &Bound<'py, pyo3::types::PyType>,
+    table: &Bound<'py, pyo3::types::PyString>,
+) -> Result<(bool, Option<Bound<'py, PyAny>>)> {
     let mro = ty.mro();
     let defines = |class: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>| -> Result<bool> {
         Ok(class
@@ -209,15 +250,15 @@ fn overrides_protocol(
     for class in mro.iter() {
         if defines(&class, table.as_any())? {
             // The publisher, reached before any override.
-            return Ok(false);
+            return Ok((false, Some(class)));
         }
         for name in PROTOCOL {
             if defines(&class, pyo3::types::PyString::new(ty.py(), name).as_any())? {
-                return Ok(true);
+                return Ok((true, None));
             }
         }
     }
-    Ok(false)
+    Ok((false, None))
 }
 
 /// A producer's exception with C++ frames cut off: PyTorch's C++ errors carry the
@@ -245,21 +286,22 @@ pub(crate) fn without_cpp_frames(py: Python<'_>, err: PyErr) -> PyErr {
 ///
 /// A tensor with a lazy negative bit (`x.conj().imag`) is refused here: its memory holds
 /// the negated values, and PyTorch 2.11's `__dlpack__` exports that memory as it is.
-pub(crate) fn eligible(obj: &Bound<'_, PyAny>) -> Result<bool> {
+///
+/// `complex` says whether the tensor's dtype is complex, when the caller already knows it:
+/// only complex tensors can carry the conjugate bit, so `Some(false)` skips that question.
+/// The attributes are asked only of types that have them ([`TypeInfo`]).
+pub(crate) fn eligible(obj: &Bound<'_, PyAny>, info: &TypeInfo, complex: Option<bool>) -> Result<bool> {
     let py = obj.py();
-    if let Ok(grad) = obj.getattr(pyo3::intern!(py, "requires_grad"))
-        && grad.is_truthy()?
+    if info.asks.requires_grad && obj.getattr(pyo3::intern!(py, "requires_grad"))?.is_truthy()? {
+        return Ok(false);
+    }
+    if info.asks.is_conj
+        && complex != Some(false)
+        && obj.call_method0(pyo3::intern!(py, "is_conj"))?.is_truthy()?
     {
         return Ok(false);
     }
-    if let Ok(method) = obj.getattr(pyo3::intern!(py, "is_conj"))
-        && method.call0()?.is_truthy()?
-    {
-        return Ok(false);
-    }
-    if let Ok(method) = obj.getattr(pyo3::intern!(py, "is_neg"))
-        && method.call0()?.is_truthy()?
-    {
+    if info.asks.is_neg && obj.call_method0(pyo3::intern!(py, "is_neg"))?.is_truthy()? {
         return Err(Error::NegativeBit {
             type_name: type_name(obj),
         });
@@ -267,10 +309,72 @@ pub(crate) fn eligible(obj: &Bound<'_, PyAny>) -> Result<bool> {
     Ok(true)
 }
 
+/// Which of PyTorch's lazy-state questions a type can answer (its class has the attribute):
+/// asked per object only then, so other producers pay for no failed lookup.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Asks {
+    requires_grad: bool,
+    is_conj: bool,
+    is_neg: bool,
+}
+
+impl Asks {
+    fn of(ty: &Bound<'_, pyo3::types::PyType>) -> Result<Asks> {
+        let py = ty.py();
+        Ok(Asks {
+            requires_grad: ty.hasattr(pyo3::intern!(py, "requires_grad"))?,
+            is_conj: ty.hasattr(pyo3::intern!(py, "is_conj"))?,
+            is_neg: ty.hasattr(pyo3::intern!(py, "is_neg"))?,
+        })
+    }
+}
+
 impl ExchangeApi {
     fn table(&self) -> &DLPackExchangeAPI {
         // SAFETY: a live, static table that nobody mutates (see `find`).
         unsafe { self.api.as_ref() }
+    }
+
+    /// The version of DLPack the table's producer follows.
+    pub(crate) fn version(&self) -> tensorbridge_dlpack::ffi::DLPackVersion {
+        self.table().header.version
+    }
+
+    /// `obj`'s non-owning `DLTensor` (`dltensor_from_py_object_no_sync`), when the table has
+    /// that function. Its shape and strides arrays are the producer's, valid while `obj` is
+    /// alive and unchanged; read them before anything else runs.
+    pub(crate) fn dltensor(&self, obj: &Bound<'_, PyAny>) -> Result<Option<DLTensor>> {
+        let Some(from_py) = self.table().dltensor_from_py_object_no_sync else {
+            return Ok(None);
+        };
+        let mut out = DLTensor {
+            data: std::ptr::null_mut(),
+            device: tensorbridge_dlpack::ffi::DLDevice {
+                device_type: DLDeviceType(0),
+                device_id: 0,
+            },
+            ndim: 0,
+            dtype: tensorbridge_dlpack::ffi::DLDataType {
+                code: tensorbridge_dlpack::ffi::DLDataTypeCode(0),
+                bits: 0,
+                lanes: 0,
+            },
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        };
+        // SAFETY: attached; `obj` is a live object of the type the table came from (the
+        // protocol's requirement), `out` a live local the function fills.
+        let rc = unsafe { from_py(obj.as_ptr().cast(), &mut out) };
+        if rc != 0 {
+            return Err(PyErr::take(obj.py()).map(Error::from).unwrap_or_else(|| {
+                Error::Exchange {
+                    type_name: type_name(obj),
+                    problem: "dltensor_from_py_object_no_sync failed without an exception",
+                }
+            }));
+        }
+        Ok(Some(out))
     }
 
     /// An owning managed tensor of `obj`, whose type the table was found on.

@@ -6,8 +6,8 @@ use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString};
 use tensorbridge::{
-    Access, DType, Device, DeviceType, Owner, Ready, StreamConvention, StreamRequest, Tensor,
-    stream_from_wire, stream_to_wire,
+    Access, DType, DTypeCode, Device, DeviceType, Owner, Ready, StreamConvention, StreamRequest,
+    Tensor, stream_from_wire, stream_to_wire,
 };
 use tensorbridge_cai::{ArrayData, BufferRegion, ImportOptions, TypeKind, TypeStr};
 use tensorbridge_dlpack::{import_legacy, import_versioned};
@@ -70,17 +70,26 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
         unsafe { order_consumer(&t, stream) }?;
         return Ok(t);
     }
-    refuse_masked(obj)?;
+    let info = exchange::type_info(obj)?;
+    if info.masked {
+        refuse_masked(obj)?;
+    }
+    if info.ndarray
+        && let Some(t) = buffer::ndarray(obj)?
+    {
+        return Ok(t);
+    }
     // A producer that refuses with `BufferError` (data DLPack cannot describe, such as
     // NumPy's ml_dtypes arrays) may still offer an interface or a buffer: try those, and
     // raise its refusal only if none is left.
     let mut refused = None;
-    let table = exchange::find(obj)?;
-    if let exchange::Table::Usable(api) = table
-        && exchange::eligible(obj)?
-    {
+    let table = info.table;
+    if let exchange::Table::Usable(api) = table {
         // SAFETY: forwarded obligation 1.
-        match unsafe { from_exchange(obj, api, stream) } {
+        match unsafe { from_exchange(obj, api, &info, stream) } {
+            // Not eligible (see `exchange::eligible`): `__dlpack__` says why.
+            Ok(None) => {}
+            Ok(Some(t)) => return Ok(t),
             // The table's functions skip the checks of the producer's `__dlpack__` and
             // report what they cannot export as C++ errors with their backtrace (PyTorch:
             // sparse, mkldnn, quantized, bit and meta tensors, where `__dlpack__` raises
@@ -90,7 +99,7 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
             Err(Error::Python(e)) => {
                 refused = Some(Error::Python(exchange::without_cpp_frames(obj.py(), e)));
             }
-            result => return result,
+            Err(e) => return Err(e),
         }
     }
     if obj.cast::<PyCapsule>().is_err() && obj.hasattr(pyo3::intern!(obj.py(), "__dlpack__"))? {
@@ -147,17 +156,11 @@ fn has_interface(obj: &Bound<'_, PyAny>) -> Result<bool> {
         || obj.hasattr(pyo3::intern!(py, "__array_interface__"))?)
 }
 
-/// Refuses a NumPy masked array that masks elements: it inherits `__dlpack__` and
-/// `__array_interface__` from `ndarray`, and neither carries the mask, so a view would show
-/// masked elements as valid. Arrays without a mask (`nomask`, or all `False`) pass.
+/// Refuses a NumPy masked array (`obj`'s type is one) that masks elements: it inherits
+/// `__dlpack__` and `__array_interface__` from `ndarray`, and neither carries the mask, so a
+/// view would show masked elements as valid. Arrays without a mask (`nomask`, or all `False`)
+/// pass.
 fn refuse_masked(obj: &Bound<'_, PyAny>) -> Result<()> {
-    let ty = obj.get_type();
-    let is_masked_array = ty
-        .module()
-        .is_ok_and(|m| m.to_cow().is_ok_and(|m| m.starts_with("numpy.ma")));
-    if !is_masked_array {
-        return Ok(());
-    }
     let Some(mask) = attribute(obj, pyo3::intern!(obj.py(), "mask"))? else {
         return Ok(());
     };
@@ -268,42 +271,42 @@ fn from_capsule(capsule: &Bound<'_, PyCapsule>) -> Result<Tensor> {
 /// As [`import`].
 unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Tensor> {
     let py = obj.py();
-    let device: Option<(i32, i32)> = match attribute(obj, pyo3::intern!(py, "__dlpack_device__"))? {
-        Some(f) => match f.call0().and_then(|d| d.extract()) {
-            Ok(d) => Some(d),
-            // A producer may fail to name the device of what it cannot export (PyTorch's
-            // meta tensors raise ValueError, mkldnn ones NotImplementedError); its
-            // `__dlpack__` says why with the refusal it means (`BufferError`). Asked as a
-            // producer that does not say its device.
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => None,
-            Err(e) => return Err(e.into()),
-        },
-        None => None,
-    };
     // Only device memory with streams takes one (the array API: CPU takes only None), and
     // always explicitly: a producer's own default need not be the protocol's `None`
     // (PyTorch's is -1, no synchronisation), and the readiness below relies on what `None`
-    // means. `Some(None)` passes `stream=None`; `None` passes no `stream` at all.
-    let passed: Option<Option<i64>> = match device {
-        Some((2 | 13, _)) => Some(stream),
-        Some((10, _)) => Some(rocm_stream(stream)?),
-        _ => None,
+    // means. `Some(None)` passes `stream=None`; `None` passes no `stream` at all. A caller
+    // without a stream passes `stream=None`, which every device takes, without asking the
+    // device first.
+    let passed: Option<Option<i64>> = if stream.is_none() {
+        Some(None)
+    } else {
+        match dlpack_device(obj)? {
+            Some((2 | 13, _)) => Some(stream),
+            Some((10, _)) => Some(rocm_stream(stream)?),
+            _ => None,
+        }
     };
     let method = pyo3::intern!(py, "__dlpack__");
     let kwargs = PyDict::new(py);
-    kwargs.set_item("max_version", MAX_VERSION)?;
+    kwargs.set_item(pyo3::intern!(py, "max_version"), max_version(py))?;
     if let Some(s) = passed {
-        kwargs.set_item("stream", s)?;
+        kwargs.set_item(pyo3::intern!(py, "stream"), s)?;
     }
     let result = match obj.call_method(method, (), Some(&kwargs)) {
         Ok(r) => r,
-        // A producer that predates DLPack 1.0 does not know `max_version`.
+        // A producer that predates DLPack 1.0 does not know `max_version`; one that predates
+        // streams (and says no device) does not know `stream` either.
         Err(e) if e.is_instance_of::<PyTypeError>(py) => {
             let legacy = PyDict::new(py);
             if let Some(s) = passed {
-                legacy.set_item("stream", s)?;
+                legacy.set_item(pyo3::intern!(py, "stream"), s)?;
             }
-            obj.call_method(method, (), Some(&legacy))?
+            match obj.call_method(method, (), Some(&legacy)) {
+                Err(e) if e.is_instance_of::<PyTypeError>(py) && stream.is_none() => {
+                    obj.call_method0(method)?
+                }
+                other => other?,
+            }
         }
         Err(e) => return Err(e.into()),
     };
@@ -344,6 +347,38 @@ unsafe fn from_dlpack(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Ten
     Ok(t)
 }
 
+/// `obj.__dlpack_device__()`, or `None` when it has none or fails to name the device.
+fn dlpack_device(obj: &Bound<'_, PyAny>) -> Result<Option<(i32, i32)>> {
+    let py = obj.py();
+    Ok(
+        match attribute(obj, pyo3::intern!(py, "__dlpack_device__"))? {
+            Some(f) => match f.call0().and_then(|d| d.extract()) {
+                Ok(d) => Some(d),
+                // A producer may fail to name the device of what it cannot export (PyTorch's
+                // meta tensors raise ValueError, mkldnn ones NotImplementedError); its
+                // `__dlpack__` says why with the refusal it means (`BufferError`). Asked as a
+                // producer that does not say its device.
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        },
+    )
+}
+
+/// [`MAX_VERSION`] as a Python tuple, made once.
+fn max_version(py: Python<'_>) -> &Bound<'_, PyAny> {
+    static TUPLE: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    TUPLE
+        .get_or_init(py, || {
+            pyo3::types::PyTuple::new(py, [MAX_VERSION.0, MAX_VERSION.1])
+                .expect("a tuple of two ints")
+                .into_any()
+                .unbind()
+        })
+        .bind(py)
+}
+
 /// The caller's stream (DLPack's CUDA values, as `asview` and [`crate::import_on_raw`] take
 /// it) as a ROCm producer's `__dlpack__` reads it: `None` and -1 unchanged, the legacy
 /// default stream (`1`) as ROCm's default stream `0`, handles unchanged. CUDA's per-thread
@@ -359,24 +394,59 @@ fn rocm_stream(stream: Option<i64>) -> Result<Option<i64>> {
 
 /// The DLPack C exchange API: no Python call, no synchronisation by the producer; the
 /// caller's stream (None: the legacy default stream) is made to wait for the producer's
-/// current work stream here.
+/// current work stream here. `Ok(None)`: the table may not be used for `obj`
+/// ([`exchange::eligible`]), `__dlpack__` decides.
+///
+/// PyTorch's tensors are read through the table's non-owning `DLTensor`
+/// (`dltensor_from_py_object_no_sync`), with the tensor object itself as the owner: PyTorch's
+/// owning export holds the same `TensorImpl` the object holds (its memory is what the
+/// object's storage is, no more: a `set_` on the object releases it under either), and marks
+/// nothing read-only ([`exchange::TypeInfo::torch`]), so both say the same, and the
+/// non-owning one costs no allocation and no deleter. Other producers' owning exports are
+/// imported as they are (their flags may say read-only).
 ///
 /// # Safety
 /// As [`import`].
 unsafe fn from_exchange(
     obj: &Bound<'_, PyAny>,
     api: exchange::ExchangeApi,
+    info: &exchange::TypeInfo,
     stream: Option<i64>,
-) -> Result<Tensor> {
-    let managed = api.managed_tensor(obj)?;
-    // SAFETY: as in `from_capsule`: the table's producer follows the DLPack contract, and
-    // `managed_tensor_from_py_object_no_sync` hands over an owning tensor.
-    let t = unsafe { import_versioned(managed) }
-        .map_err(tensorbridge_dlpack::Error::from)?
-        .into_tensor();
-    let t = keep_alive(t, obj);
+) -> Result<Option<Tensor>> {
+    let borrowed = if info.torch { api.dltensor(obj)? } else { None };
+    let t = match borrowed {
+        Some(dl) => {
+            // SAFETY: `dl`'s shape and strides are the producer's arrays, unchanged while
+            // `obj` is and nothing else runs (read right here, before any Python call).
+            let desc = unsafe {
+                tensorbridge_dlpack::describe_borrowed(&dl, api.version(), Access::ReadWrite)
+            }
+            .map_err(tensorbridge_dlpack::Error::from)?;
+            if !exchange::eligible(obj, info, Some(desc.dtype().code() == DTypeCode::Complex))? {
+                return Ok(None);
+            }
+            // SAFETY:
+            // - 1 and 2: the memory is the tensor object's storage, which the object keeps
+            //   alive (and PyTorch writable) as long as it lives; the owner holds the object,
+            //   as PyTorch's own owning export holds its `TensorImpl` (see above);
+            // - 3 and 4: the readiness is set below (the producer's current work stream).
+            unsafe { Tensor::from_descriptor(desc, KeepAlive::owner(obj.clone().unbind(), None)) }
+        }
+        None => {
+            if !exchange::eligible(obj, info, None)? {
+                return Ok(None);
+            }
+            let managed = api.managed_tensor(obj)?;
+            // SAFETY: as in `from_capsule`: the table's producer follows the DLPack contract,
+            // and `managed_tensor_from_py_object_no_sync` hands over an owning tensor.
+            let t = unsafe { import_versioned(managed) }
+                .map_err(tensorbridge_dlpack::Error::from)?
+                .into_tensor();
+            keep_alive(t, obj)
+        }
+    };
     if !is_stream_ordered(t.device()) {
-        return Ok(t);
+        return Ok(Some(t));
     }
     let (device_type, device_id) = t.device().to_dlpack()?;
     let producer = api.current_work_stream(obj, device_type, device_id)?;
@@ -392,7 +462,7 @@ unsafe fn from_exchange(
         //   itself requires;
         // - 3: a per-thread default stream is turned into an event by `settle` before the
         //   tensor leaves this thread's call.
-        return Ok(unsafe { t.with_ready(Ready::Stream(producer)) });
+        return Ok(Some(unsafe { t.with_ready(Ready::Stream(producer)) }));
     }
     match stream_from_wire(StreamConvention::DlpackCuda, stream)? {
         StreamRequest::Stream(consumer) => {
@@ -404,10 +474,10 @@ unsafe fn from_exchange(
             // SAFETY:
             // - 1: `consumer` now waits for the producer's work;
             // - 2 and 3: obligation 1 (or the always-live legacy default stream).
-            Ok(unsafe { t.with_ready(Ready::Stream(consumer)) })
+            Ok(Some(unsafe { t.with_ready(Ready::Stream(consumer)) }))
         }
         // -1: the caller opted out of synchronisation.
-        StreamRequest::NoSync => Ok(t),
+        StreamRequest::NoSync => Ok(Some(t)),
     }
 }
 

@@ -184,7 +184,8 @@ fn kernel_call_inner<R>(
 fn framework_stream(obj: &Bound<'_, PyAny>, ordinal: u32) -> Result<Option<Found>> {
     let py = obj.py();
     let device_id = i32::try_from(ordinal).unwrap_or(0);
-    if let exchange::Table::Usable(api) = exchange::find(obj)? {
+    let info = exchange::type_info(obj)?;
+    if let exchange::Table::Usable(api) = info.table {
         let stream = api.current_work_stream(obj, 2, device_id)?;
         return Ok(Some(Found {
             source: StreamSource::Torch,
@@ -192,8 +193,7 @@ fn framework_stream(obj: &Bound<'_, PyAny>, ordinal: u32) -> Result<Option<Found
             keeper: None,
         }));
     }
-    let module = obj.get_type().module()?;
-    if module.to_cow()?.starts_with("cupy") {
+    if info.cupy {
         let cuda = py.import("cupy.cuda")?;
         let current = cuda
             .getattr(pyo3::intern!(py, "get_current_stream"))?
