@@ -142,6 +142,7 @@ mod import;
 mod interfaces;
 mod kernel;
 mod owner;
+mod producer;
 mod pydtype;
 mod python;
 mod view;
@@ -213,6 +214,7 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<View>()?;
+    producer::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

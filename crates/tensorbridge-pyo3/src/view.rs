@@ -61,6 +61,35 @@ impl View {
         requested: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> Result<Bound<'py, PyCapsule>> {
+        let (exported, copied) = self.prepare_export(py, stream, requested, copy)?;
+        if format == CapsuleFormat::Versioned {
+            let mut managed = export_versioned(&exported)?;
+            if copied {
+                // SAFETY: the export describes a copy made for this consumer alone: no other
+                // reference to its memory exists, and it is writable.
+                unsafe { *managed.flags_mut() |= DlpackFlags::IS_COPIED };
+            }
+            Ok(versioned_capsule(py, managed)?)
+        } else {
+            if exported.is_readonly() {
+                return Err(Error::ReadOnlyLegacy);
+            }
+            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
+            Ok(legacy_capsule(py, managed)?)
+        }
+    }
+
+    /// What [`export`](Self::export) hands over, before the DLPack struct is built: the
+    /// tensor to export (this view's, or a copy) and whether it is a copy. The consumer's
+    /// `stream` has been ordered after the producer when this returns. The DLPack C exchange
+    /// API (`crate::producer`) exports through this too.
+    pub(crate) fn prepare_export(
+        &self,
+        py: Python<'_>,
+        stream: Option<i64>,
+        requested: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> Result<(Tensor, bool)> {
         let t = &self.tensor;
         let device = t.device();
         let own = device.to_dlpack()?;
@@ -135,21 +164,7 @@ impl View {
             refuse_negative_strides(t)?;
             (t.clone(), false)
         };
-        if format == CapsuleFormat::Versioned {
-            let mut managed = export_versioned(&exported)?;
-            if copied {
-                // SAFETY: the export describes a copy made for this consumer alone: no other
-                // reference to its memory exists, and it is writable.
-                unsafe { *managed.flags_mut() |= DlpackFlags::IS_COPIED };
-            }
-            Ok(versioned_capsule(py, managed)?)
-        } else {
-            if exported.is_readonly() {
-                return Err(Error::ReadOnlyLegacy);
-            }
-            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
-            Ok(legacy_capsule(py, managed)?)
-        }
+        Ok((exported, copied))
     }
 }
 
