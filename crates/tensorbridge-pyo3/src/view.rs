@@ -24,6 +24,11 @@ use crate::interfaces::{array_to_py, cai_to_py};
 ///
 /// Made by `tensorbridge.asview` and `tensorbridge.from_ptr` in Python, and by
 /// [`export`](crate::export) in Rust. Immutable: every attribute is fixed at creation.
+///
+/// Also a DLPack C exchange API producer: the type's `__dlpack_c_exchange_api__` (and
+/// `__c_dlpack_exchange_api__`) lets tvm-ffi, dlpark and cuda.core take a view without a
+/// Python call; its `current_work_stream` is the legacy default stream, where the data is
+/// made ready.
 #[pyclass(module = "tensorbridge", name = "View", frozen)]
 pub struct View {
     tensor: Tensor,

@@ -366,3 +366,22 @@ def test_tvm_ffi_goes_through_the_table():
     del v, t
     gc.collect()
     assert released == [1]
+
+
+def test_tvm_ffi_function_arguments_round_trip_through_the_table():
+    """A View passed to a tvm-ffi function goes in through ``managed_tensor_from_py_object_no_sync``
+    and a tensor returned comes back through ``managed_tensor_to_py_object_no_sync`` as a View
+    of the same memory (tvm-ffi converts results with the argument's table)."""
+    tvm_ffi = pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+    echo = tvm_ffi.get_global_func("testing.echo")
+    v, _, released = counted_view(shape=(2, 3))
+    r = echo(v)
+    assert type(r) is tb.View
+    assert r is not v
+    assert (r.ptr, r.shape, r.strides) == (v.ptr, v.shape, v.strides)
+    del v
+    gc.collect()
+    assert released == []
+    del r
+    gc.collect()
+    assert released == [1]
