@@ -323,6 +323,32 @@ pub enum Error {
         /// What is wrong.
         problem: &'static str,
     },
+    /// `tensorbridge.View`'s DLPack C exchange API called with an object that is no View
+    /// (the table is only for objects of the type it was found on).
+    #[error(
+        "tensorbridge.View's DLPack C exchange API was given an object of type {type_name} (expected a tensorbridge.View: a table serves only objects of the type it is found on)"
+    )]
+    NotAView {
+        /// The object's type.
+        type_name: String,
+    },
+    /// A view that `dltensor_from_py_object_no_sync` cannot describe: a bare `DLTensor`
+    /// has no flags.
+    #[error(
+        "dltensor_from_py_object_no_sync cannot lend this view: {reason}, and a DLTensor has no flags to say so (expected managed_tensor_from_py_object_no_sync or __dlpack__(max_version=(1, 0)) or later, whose flags do)"
+    )]
+    NoFlags {
+        /// What the flags would have said.
+        reason: &'static str,
+    },
+    /// A null pointer where a DLPack C exchange API function needs one.
+    #[error("{function} was called with a null {argument} (expected a valid pointer)")]
+    NullArgument {
+        /// The exchange API function.
+        function: &'static str,
+        /// The argument.
+        argument: &'static str,
+    },
 }
 
 impl From<cudarc::driver::DriverError> for Error {
@@ -408,7 +434,8 @@ impl From<Error> for PyErr {
             | Error::NotCallable { .. }
             | Error::InterfaceNotDict { .. }
             | Error::InterfaceKey { .. }
-            | Error::StreamType { .. } => PyTypeError::new_err(msg),
+            | Error::StreamType { .. }
+            | Error::NotAView { .. } => PyTypeError::new_err(msg),
             Error::AmbiguousDType { .. }
             | Error::UnsupportedDType { .. }
             | Error::NonNativeDType { .. }
@@ -422,6 +449,7 @@ impl From<Error> for PyErr {
             | Error::HostOrdinal { .. }
             | Error::MissingKey { .. }
             | Error::NoArgument { .. }
+            | Error::NullArgument { .. }
             | Error::Masked { .. } => PyValueError::new_err(msg),
             Error::UsedCapsule { .. }
             | Error::UnsupportedDlDevice { .. }
@@ -430,7 +458,8 @@ impl From<Error> for PyErr {
             | Error::NegativeStrides { .. }
             | Error::ReadOnlyLegacy
             | Error::NegativeBit { .. }
-            | Error::Exchange { .. } => PyBufferError::new_err(msg),
+            | Error::Exchange { .. }
+            | Error::NoFlags { .. } => PyBufferError::new_err(msg),
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

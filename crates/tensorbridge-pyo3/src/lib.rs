@@ -9,6 +9,7 @@
 //! | Python -> [`Tensor`] | [`import`], [`AnyTensor`], `unsafe` [`import_on_raw`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | [`import`]: the tensor carries the producer's readiness (its current stream, or the stream its protocol names), nothing is enqueued; [`import_on_raw`]: the caller's stream is ordered after the producer, on the GPU, and the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
 //! | [`Tensor`] -> Python | [`export`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
+//! | [`View`] -> DLPack C exchange API consumer (tvm-ffi, dlpark, cuda.core) | `type(view).__dlpack_c_exchange_api__` (DLPack 1.3 capsule) or `__c_dlpack_exchange_api__` (1.2 int): `managed_tensor_from_py_object_no_sync` (as `__dlpack__(max_version=(1, 3))`), `dltensor_from_py_object_no_sync` (borrowed; refused for read-only views), `managed_tensor_to_py_object_no_sync` (a managed tensor -> a new [`View`]) | zero-copy, no Python call | `current_work_stream` is NULL (the legacy default stream) for every device; the exports make the legacy default stream wait for the view's producer (GPU-side) |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
 //! | Python tensors -> your own CUDA kernel | [`kernel_call`] (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing) | zero-copy, in place | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
@@ -142,6 +143,7 @@ mod import;
 mod interfaces;
 mod kernel;
 mod owner;
+mod producer;
 mod pydtype;
 mod python;
 mod view;
@@ -213,6 +215,7 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<View>()?;
+    producer::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -24,6 +24,11 @@ use crate::interfaces::{array_to_py, cai_to_py};
 ///
 /// Made by `tensorbridge.asview` and `tensorbridge.from_ptr` in Python, and by
 /// [`export`](crate::export) in Rust. Immutable: every attribute is fixed at creation.
+///
+/// Also a DLPack C exchange API producer: the type's `__dlpack_c_exchange_api__` (and
+/// `__c_dlpack_exchange_api__`) lets tvm-ffi, dlpark and cuda.core take a view without a
+/// Python call; its `current_work_stream` is the legacy default stream, where the data is
+/// made ready.
 #[pyclass(module = "tensorbridge", name = "View", frozen)]
 pub struct View {
     tensor: Tensor,
@@ -61,6 +66,35 @@ impl View {
         requested: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> Result<Bound<'py, PyCapsule>> {
+        let (exported, copied) = self.prepare_export(py, stream, requested, copy)?;
+        if format == CapsuleFormat::Versioned {
+            let mut managed = export_versioned(&exported)?;
+            if copied {
+                // SAFETY: the export describes a copy made for this consumer alone: no other
+                // reference to its memory exists, and it is writable.
+                unsafe { *managed.flags_mut() |= DlpackFlags::IS_COPIED };
+            }
+            Ok(versioned_capsule(py, managed)?)
+        } else {
+            if exported.is_readonly() {
+                return Err(Error::ReadOnlyLegacy);
+            }
+            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
+            Ok(legacy_capsule(py, managed)?)
+        }
+    }
+
+    /// What [`export`](Self::export) hands over, before the DLPack struct is built: the
+    /// tensor to export (this view's, or a copy) and whether it is a copy. The consumer's
+    /// `stream` has been ordered after the producer when this returns. The DLPack C exchange
+    /// API (`crate::producer`) exports through this too.
+    pub(crate) fn prepare_export(
+        &self,
+        py: Python<'_>,
+        stream: Option<i64>,
+        requested: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> Result<(Tensor, bool)> {
         let t = &self.tensor;
         let device = t.device();
         let own = device.to_dlpack()?;
@@ -135,21 +169,7 @@ impl View {
             refuse_negative_strides(t)?;
             (t.clone(), false)
         };
-        if format == CapsuleFormat::Versioned {
-            let mut managed = export_versioned(&exported)?;
-            if copied {
-                // SAFETY: the export describes a copy made for this consumer alone: no other
-                // reference to its memory exists, and it is writable.
-                unsafe { *managed.flags_mut() |= DlpackFlags::IS_COPIED };
-            }
-            Ok(versioned_capsule(py, managed)?)
-        } else {
-            if exported.is_readonly() {
-                return Err(Error::ReadOnlyLegacy);
-            }
-            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
-            Ok(legacy_capsule(py, managed)?)
-        }
+        Ok((exported, copied))
     }
 }
 

@@ -280,6 +280,128 @@ class HandMadeCapsule:
 
 
 # ---------------------------------------------------------------------------------------------
+# The DLPack C exchange API (DLPack 1.3: `type(x).__dlpack_c_exchange_api__`), as a ctypes
+# consumer: the table's functions are called with the GIL held and report failures as -1 with
+# a Python exception set, so they are PYFUNCTYPE prototypes (ctypes raises that exception).
+
+SET_ERROR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
+ALLOCATOR = ctypes.PYFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(DLTensor),
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_void_p,
+    SET_ERROR,
+)
+FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(ctypes.c_void_p))
+TO_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+DLTENSOR_FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))
+CURRENT_WORK_STREAM = ctypes.PYFUNCTYPE(
+    ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)
+)
+
+
+class DLPackExchangeAPI(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("prev_api", ctypes.c_void_p),
+        ("managed_tensor_allocator", ctypes.c_void_p),
+        ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
+        ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("current_work_stream", ctypes.c_void_p),
+    ]
+
+
+assert DLPackExchangeAPI.managed_tensor_allocator.offset == 16
+assert DLPackExchangeAPI.current_work_stream.offset == 48 and ctypes.sizeof(DLPackExchangeAPI) == 56
+
+_DecRef = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", _api))
+
+
+@dataclass
+class ExchangeTable:
+    """A type's exchange table, read from its capsule: its address, the struct, and each
+    function as a callable (``None`` where the pointer is NULL)."""
+
+    address: int
+    table: DLPackExchangeAPI
+    allocator: object
+    from_py: object
+    to_py: object
+    dltensor_from_py: object
+    current_work_stream: object
+
+    def to_py_object(self, managed: int):
+        """``managed_tensor_to_py_object_no_sync``: the new object (its new reference taken
+        over), or the exception the function set."""
+        out = ctypes.c_void_p(0)
+        rc = self.to_py(managed, ctypes.byref(out))
+        assert rc == 0 and out.value
+        obj = ctypes.cast(out, ctypes.py_object).value  # a second reference
+        _DecRef(out.value)  # the one the function handed over
+        return obj
+
+
+def exchange_table(cls) -> ExchangeTable:
+    """The DLPack 1.3 exchange table ``cls`` publishes (its capsule named
+    ``dlpack_exchange_api``)."""
+    capsule = cls.__dlpack_c_exchange_api__
+    assert capsule_name(capsule) == "dlpack_exchange_api"
+    address = _GetPointer(capsule, b"dlpack_exchange_api")
+    table = DLPackExchangeAPI.from_address(address)
+
+    def fn(proto, field):
+        ptr = getattr(table, field)
+        return proto(ptr) if ptr else None
+
+    return ExchangeTable(
+        address=address,
+        table=table,
+        allocator=fn(ALLOCATOR, "managed_tensor_allocator"),
+        from_py=fn(FROM_PY, "managed_tensor_from_py_object_no_sync"),
+        to_py=fn(TO_PY, "managed_tensor_to_py_object_no_sync"),
+        dltensor_from_py=fn(DLTENSOR_FROM_PY, "dltensor_from_py_object_no_sync"),
+        current_work_stream=fn(CURRENT_WORK_STREAM, "current_work_stream"),
+    )
+
+
+def managed_info(address: int) -> CapsuleInfo:
+    """The fields of a DLManagedTensorVersioned at ``address`` (as ``read_capsule`` reads them)."""
+    m = DLManagedTensorVersioned.from_address(address)
+    return _tensor_info("managed", (m.version.major, m.version.minor), int(m.flags), m.dl_tensor)
+
+
+def dltensor_info(t: DLTensor) -> CapsuleInfo:
+    """The fields of a bare DLTensor (no version, no flags)."""
+    return _tensor_info("dltensor", None, 0, t)
+
+
+def _tensor_info(name, version, flags, t) -> CapsuleInfo:
+    ndim = t.ndim
+    shape = tuple(t.shape[i] for i in range(ndim)) if ndim and t.shape else ()
+    strides = tuple(t.strides[i] for i in range(ndim)) if (ndim and t.strides) else (None if ndim else ())
+    return CapsuleInfo(
+        name=name,
+        versioned=version is not None,
+        version=version,
+        flags=flags,
+        data=t.data or 0,
+        byte_offset=int(t.byte_offset),
+        device=(t.device.device_type, t.device.device_id),
+        dtype=(t.dtype.code, t.dtype.bits, t.dtype.lanes),
+        shape=shape,
+        strides=strides,
+    )
+
+
+def delete_managed(address: int) -> None:
+    """Calls the deleter of the DLManagedTensorVersioned at ``address`` (a consumer done with it)."""
+    m = DLManagedTensorVersioned.from_address(address)
+    if m.deleter:
+        m.deleter(address)
+
+
+# ---------------------------------------------------------------------------------------------
 # Memory
 
 

@@ -6,7 +6,9 @@ Interface, NumPy's array interface, the buffer protocol) without copying it;
 pointers with the driver. A ``View`` exposes ``__dlpack__``, ``__dlpack_device__``, the
 CUDA Array Interface (CUDA views) and the array interface (host views), so
 ``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack.from_dlpack``,
-``numpy.from_dlpack``, ``numba.cuda.as_cuda_array`` and friends take it as it is.
+``numpy.from_dlpack``, ``numba.cuda.as_cuda_array`` and friends take it as it is. Its
+type also publishes the DLPack C exchange API (``__dlpack_c_exchange_api__``), through which
+``tvm_ffi.from_dlpack`` and other C consumers take a view without a Python call.
 """
 
 from ._native import View, __version__, asview, from_ptr

@@ -4,7 +4,7 @@
 ``python -m mypy.stubtest tensorbridge._native`` finds nothing to report).
 """
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union, final
+from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple, Type, Union, final
 
 # For type checkers only: tensorbridge needs neither at run time (where one is missing, its
 # types read as unknown and the rest of each union still checks).
@@ -37,6 +37,12 @@ _Device = Union[str, Tuple[int, int], torch.device]
 @final
 class View:
     """A zero-copy view of tensor memory someone else owns; keeps that memory alive."""
+
+    __dlpack_c_exchange_api__: ClassVar[Any]
+    """The DLPack C exchange API table (DLPack 1.3): a PyCapsule named "dlpack_exchange_api".
+    Its current_work_stream is NULL (the legacy default stream) for every device."""
+    __c_dlpack_exchange_api__: ClassVar[int]
+    """The same table's address (the DLPack 1.2 name)."""
 
     @property
     def ptr(self) -> int:
