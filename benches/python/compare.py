@@ -28,22 +28,39 @@ SPIN_MS = 60
 rows = []
 
 
-def median_ns(fn, calls=CALLS, warmup=WARMUP):
-    for _ in range(warmup):
-        fn()
-    samples = []
+def samples_ns(fn, calls):
     clock = time.perf_counter_ns
+    out = []
     for _ in range(calls):
         t0 = clock()
         fn()
-        samples.append(clock() - t0)
-    return statistics.median(samples)
+        out.append(clock() - t0)
+    return out
+
+
+def median_ns(fn, calls=CALLS, warmup=WARMUP):
+    for _ in range(warmup):
+        fn()
+    return statistics.median(samples_ns(fn, calls))
+
+
+def paired_ns(fns, calls=CALLS, warmup=WARMUP, blocks=10):
+    """Medians of several paths timed alternately in `blocks` blocks (so drift on the host
+    hits every path alike)."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples = [[] for _ in fns]
+    for _ in range(blocks):
+        for i, fn in enumerate(fns):
+            samples[i].extend(samples_ns(fn, calls // blocks))
+    return [statistics.median(s) for s in samples]
 
 
 def row(name, ours, peer_name, peer, target=None, note=""):
     """Times `ours` and `peer` alternately in blocks (so drift hits both) and records them."""
     try:
-        a = median_ns(ours)
+        ours()
     except Exception as e:  # a path that fails is reported, never hidden
         rows.append({"path": name, "error": f"{type(e).__name__}: {e}"})
         print(f"| {name} | error: {type(e).__name__}: {e} | | | |")
@@ -51,17 +68,26 @@ def row(name, ours, peer_name, peer, target=None, note=""):
     b = None
     if peer is not None:
         try:
-            b = median_ns(peer)
+            peer()
         except Exception as e:
             note = f"peer failed: {type(e).__name__}: {e}"
+            peer = None
+    if peer is not None:
+        a, b = paired_ns([ours, peer])
+    else:
+        a = median_ns(ours)
+    record(name, a, peer_name, b, target, note)
+
+
+def record(name, a, peer_name, b, target=None, note=""):
     ratio = a / b if b else None
     rows.append({"path": name, "ours_ns": a, "peer": peer_name, "peer_ns": b,
                  "ratio": ratio, "target": target, "note": note})
     verdict = ""
     if ratio is not None and target is not None:
         verdict = "met" if ratio <= target else "MISSED"
-    print(f"| {name} | {a / 1e3:.2f} µs | {peer_name}: "
-          f"{(b / 1e3) if b else float('nan'):.2f} µs | "
+    print(f"| {name} | {a / 1e3:.3f} µs | {peer_name}: "
+          f"{(b / 1e3) if b else float('nan'):.3f} µs | "
           f"{ratio if ratio else float('nan'):.2f}x | {verdict} {note} |")
 
 
@@ -91,24 +117,44 @@ def main():
     view_c = tb.asview(c)
     assert view_t.ptr == t.data_ptr() and view_c.ptr == c.data.ptr
 
-    # 1. torch.from_dlpack on a tensorbridge view vs on a CuPy array.
-    row("torch.from_dlpack(tb view)", lambda: torch.from_dlpack(view_c),
-        "torch.from_dlpack(cupy array)", lambda: torch.from_dlpack(c), target=1.0)
-
-    # 2. cupy.asarray on a tensorbridge view vs on a plain CAI object with the same dict.
-    plain = PlainCAI(dict(view_t.__cuda_array_interface__), t)
-    row("cupy.asarray(tb view)", lambda: cp.asarray(view_t),
-        "cupy.asarray(plain CAI object)", lambda: cp.asarray(plain), target=1.0)
-
-    # 3. tb.asview vs cuda.core's StridedMemoryView on the same objects.
+    # 1. Into tensorbridge: tb.asview next to tvm-ffi's and cuda.core's imports, and NumPy's.
     smv = strided_memory_view()
+    try:
+        import tvm_ffi
+    except ImportError:
+        tvm_ffi = None
+    row("tb.asview(torch tensor)", lambda: tb.asview(t),
+        "tvm_ffi.from_dlpack(torch tensor)" if tvm_ffi else "tvm-ffi: not installed",
+        (lambda: tvm_ffi.from_dlpack(t)) if tvm_ffi else None, target=1.0)
     for label, obj in (("torch tensor", t), ("cupy array", c)):
         peer = (lambda o=obj: smv(o)) if smv else None
         row(f"tb.asview({label})", lambda o=obj: tb.asview(o),
             f"cuda.core StridedMemoryView({label})" if smv else "cuda.core: not installed",
             peer, target=1.0)
+    a = np.arange(N, dtype=np.float32) + 0.5
+    row("tb.asview(numpy array)", lambda: tb.asview(a),
+        "np.from_dlpack(numpy array)", lambda: np.from_dlpack(a), target=1.5)
 
-    # 4. tb.from_ptr vs CuPy's UnownedMemory + MemoryPointer route, over the same pointer.
+    # 2. Out of tensorbridge: torch.from_dlpack on a view vs on a torch tensor (torch 2.11
+    # calls __dlpack__ on both; it consumes no exchange table).
+    row("torch.from_dlpack(tb view)", lambda: torch.from_dlpack(view_c),
+        "torch.from_dlpack(torch tensor)", lambda: torch.from_dlpack(t), target=1.0)
+    if tvm_ffi:
+        # tvm-ffi consumes the view's DLPack C exchange table.
+        row("tvm_ffi.from_dlpack(tb view)", lambda: tvm_ffi.from_dlpack(view_t),
+            "tvm_ffi.from_dlpack(torch tensor)", lambda: tvm_ffi.from_dlpack(t),
+            note="(informational)")
+
+    # 3. cupy.asarray on a tensorbridge view vs on a plain CAI object with the same dict.
+    plain = PlainCAI(dict(view_t.__cuda_array_interface__), t)
+    row("cupy.asarray(tb view)", lambda: cp.asarray(view_t),
+        "cupy.asarray(plain CAI object)", lambda: cp.asarray(plain), target=1.0)
+
+    # 4. Three torch CUDA tensors into a PyO3 function, net of an empty call.
+    print()
+    three_tensor_rows(torch)
+
+    # 5. tb.from_ptr vs CuPy's UnownedMemory + MemoryPointer route, over the same pointer.
     ptr, nbytes = c.data.ptr, c.nbytes
 
     def cupy_unowned():
@@ -141,6 +187,52 @@ def main():
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\nwrote {os.path.join(out, 'compare.json')}")
+
+
+def three_tensor_rows(torch, n=1 << 16):
+    """A PyO3 function of tensorbridge-example taking three torch CUDA tensors as
+    `AnyTensor` (`nop3`), next to tvm-ffi's `testing.nop` with the same three and dlpark 0.10's
+    own import of them (`dlpark_nop3`); each net of its own empty call (`empty()`,
+    `testing.nop()`), all timed alternately in blocks."""
+    try:
+        import tensorbridge_example as ext
+    except ImportError as e:
+        print(f"three tensors: skipped ({e})")
+        rows.append({"path": "three tensors", "error": str(e)})
+        return
+    x, y, z = (torch.full((n,), float(i + 1), device="cuda") for i in range(3))
+    assert ext.nop3(x, y, z) == 3 * n
+    paths = {"tensorbridge nop3(x, y, z)": lambda: ext.nop3(x, y, z),
+             "tensorbridge empty()": ext.empty,
+             "dlpark dlpark_nop3(x, y, z)": lambda: ext.dlpark_nop3(x, y, z)}
+    try:
+        import tvm_ffi
+        try:
+            import tvm_ffi.testing  # noqa: F401
+        except ImportError:
+            pass
+        nop = tvm_ffi.get_global_func("testing.nop")
+        paths["tvm-ffi testing.nop(x, y, z)"] = lambda: nop(x, y, z)
+        paths["tvm-ffi testing.nop()"] = lambda: nop()
+    except Exception as e:
+        print(f"| tvm-ffi | skipped: {type(e).__name__}: {e} | |")
+    medians = dict(zip(paths, paired_ns(list(paths.values()))))
+    print("| call (host time, median) | time |")
+    print("|---|---:|")
+    for label, ns in medians.items():
+        print(f"| {label} | {ns / 1e3:.3f} µs |")
+        rows.append({"path": f"three: {label}", "ours_ns": ns})
+    ours = medians["tensorbridge nop3(x, y, z)"] - medians["tensorbridge empty()"]
+    dlpark = medians["dlpark dlpark_nop3(x, y, z)"] - medians["tensorbridge empty()"]
+    print()
+    print("| path | tensorbridge | peer | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    if "tvm-ffi testing.nop()" in medians:
+        tvm = medians["tvm-ffi testing.nop(x, y, z)"] - medians["tvm-ffi testing.nop()"]
+        record("three torch CUDA tensors, net of an empty call", ours,
+               "tvm-ffi testing.nop, net", tvm, target=1.0)
+    record("three torch CUDA tensors, net of an empty call", ours,
+           "dlpark 0.10 import, net", dlpark, note="(informational)")
 
 
 def strided_memory_view():

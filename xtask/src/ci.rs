@@ -182,11 +182,35 @@ pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf])
 
 /// `maturin build --release` of each of [`WHEELS`] into `target/wheels` (older wheels of
 /// the same package removed first, so exactly one of each is there); returns their paths.
+/// These are the `abi3-py39` wheels: one for every CPython from 3.9, what `ci` tests.
 pub(crate) fn build_wheels(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
-    let out = root().join("target").join("wheels");
+    build_wheels_into(steps, venv, &root().join("target").join("wheels"), None)
+}
+
+/// The same wheels for CPython 3.12 and later (`cp312-abi3`, feature `abi3-py312`): the
+/// limited API has vectorcall and METH_FASTCALL only from 3.12, so these call Python and
+/// are called faster (docs/BENCHMARKS.md). pip prefers them over the 3.9 ones where both
+/// fit. Built without asking an interpreter (`PYO3_NO_PYTHON`: the build machine's may be
+/// older than 3.12), in their own target directory, so switching between the two builds
+/// recompiles nothing.
+pub(crate) fn build_wheels_py312(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
+    build_wheels_into(
+        steps,
+        venv,
+        &root().join("target").join("wheels-py312"),
+        Some("abi3-py312"),
+    )
+}
+
+fn build_wheels_into(
+    steps: &mut Steps,
+    venv: &Venv,
+    out: &Path,
+    abi: Option<&str>,
+) -> Result<Vec<PathBuf>> {
     let mut built = Vec::new();
     for (folder, prefix) in WHEELS {
-        for old in wheels_in(&out, prefix)? {
+        for old in wheels_in(out, prefix)? {
             fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         let mut maturin = venv.python_cmd();
@@ -194,9 +218,15 @@ pub(crate) fn build_wheels(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf
             .args(["-m", "maturin", "build", "--release", "--manifest-path"])
             .arg(root().join(folder).join("Cargo.toml"))
             .arg("--out")
-            .arg(&out);
-        steps.cmd(&format!("python: maturin build {folder}"), &mut maturin)?;
-        match wheels_in(&out, prefix)?.as_slice() {
+            .arg(out);
+        if let Some(feature) = abi {
+            maturin
+                .args(["--no-default-features", "--features", feature])
+                .env("PYO3_NO_PYTHON", "1")
+                .env("CARGO_TARGET_DIR", root().join("target").join(feature));
+        }
+        steps.cmd(&format!("python: maturin build {folder} {}", abi.unwrap_or("")), &mut maturin)?;
+        match wheels_in(out, prefix)?.as_slice() {
             [one] => built.push(one.clone()),
             found => bail!(
                 "expected one {prefix}*.whl in {} after maturin, found {found:?}",

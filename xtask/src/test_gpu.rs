@@ -65,7 +65,12 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     let venv = venv::ensure(steps)?;
     let libtorch = venv.torch_dir()?;
     let binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
-    let wheels = build_wheels(steps, &venv)?;
+    let mut wheels = build_wheels(steps, &venv)?;
+    if bundle.is_some() {
+        // The GPU machines run CPython 3.12: the bundle carries both builds, and pip picks
+        // the 3.12 one there (`--find-links`).
+        wheels.extend(ci::build_wheels_py312(steps, &venv)?);
+    }
     let python = Python {
         wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),

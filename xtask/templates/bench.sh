@@ -30,6 +30,6 @@ python3 "$here/benches/plot_copy_vs_share.py" "$out/copy_vs_share.csv" "$out/cop
 echo "==> python comparison"
 py="${PYTHON:-python3}"
 if [ ! -d "$here/py" ]; then
-    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example
 fi
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/compare.py"

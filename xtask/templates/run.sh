@@ -43,7 +43,7 @@ tests="$here/@PYTHON_TESTS@"
 suites=("$tests/test_native_smoke.py")
 [ -d "$tests/gpu" ] && suites+=("$tests/gpu")
 rm -rf "$here/py"
-if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$here/py" "$here"/*.whl \
+if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example \
     && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
         --rootdir "$tests" "${suites[@]}" ${PYTEST_ARGS:-}; then
     passed=$((passed + 1))

@@ -13,6 +13,11 @@
 //! - `axpy_ptr(alpha, x_ptr, y_ptr, n, stream)`: the same kernel on contiguous float32
 //!   device pointers and a stream handle extracted beforehand, nothing checked or ordered:
 //!   the benchmark's floor (`benches/python/compare.py`), not an API to copy.
+//! - `nop3(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three tensors of any framework
+//!   taken as [`AnyTensor`] (imported, validated, their owners held for the call) and their
+//!   total element count returned; the same with no argument; the same three through
+//!   dlpark 0.10's own PyO3 import. The per-call benchmark's subjects
+//!   (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
@@ -124,6 +129,36 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
         .map_err(|e| to_py_err(&e))?
 }
 
+/// Takes three tensors from any framework, zero-copy, and returns their total element count:
+/// what it costs to cross into Rust with three framework tensors.
+#[pyfunction]
+fn nop3(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
+    x.0.numel() + y.0.numel() + z.0.numel()
+}
+
+/// Nothing: the cost of calling into this extension at all, to take from `nop3`'s.
+#[pyfunction]
+fn empty() {}
+
+/// `nop3` through dlpark 0.10's own import (its exchange-API path for PyTorch, `__dlpack__`
+/// for the others, owning managed tensors), for the side-by-side benchmark.
+#[pyfunction]
+fn dlpark_nop3(
+    x: &Bound<'_, PyAny>,
+    y: &Bound<'_, PyAny>,
+    z: &Bound<'_, PyAny>,
+) -> PyResult<u64> {
+    let mut total = 0u64;
+    for obj in [x, y, z] {
+        let imported = dlpark::python::from_dlpack(obj.as_borrowed(), None, None)?;
+        let tensor = imported
+            .validate()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        total += tensor.num_elements() as u64;
+    }
+    Ok(total)
+}
+
 /// The module.
 #[pymodule]
 fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -131,5 +166,8 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ramp, m)?)?;
     m.add_function(wrap_pyfunction!(axpy, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_ptr, m)?)?;
+    m.add_function(wrap_pyfunction!(nop3, m)?)?;
+    m.add_function(wrap_pyfunction!(empty, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
     Ok(())
 }

@@ -28,17 +28,35 @@ fn strides_in_elements(bytes: &[i64], itemsize: usize) -> Result<Dims> {
 
 /// A NumPy `ndarray` (exactly that type) through the buffer protocol: the same memory,
 /// dtype, layout and writability its `__dlpack__` exports, without a Python call or a
-/// capsule; NumPy also refuses to resize an array while a buffer of it is held. `Ok(None)`
-/// for anything the buffer does not describe exactly as DLPack would (dtypes without a
-/// buffer format such as datetimes and ml_dtypes' types, byte-swapped data, strides that are
-/// not whole elements): the caller then takes the general way, whose refusal is NumPy's own.
+/// capsule. `Ok(None)` for anything the buffer does not describe exactly as DLPack would:
+/// dtypes without a buffer format (datetimes, ml_dtypes' types), byte-swapped data, strides
+/// that are not whole elements, and any dimension of size 0 or 1 (NumPy's buffer rewrites
+/// the strides of those, its `__dlpack__` does not). The caller then takes the general way,
+/// whose answer is the one it always gave.
 pub(crate) fn ndarray(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
     match get(obj) {
         // A refusal drops `held`, which releases the buffer.
-        Ok(held) => Ok(tensor(held).ok()),
+        Ok(held) if exact(&held) => Ok(tensor(held).ok()),
+        Ok(_) => Ok(None),
         // Not this way; the general way asks NumPy again and reports its refusal.
         Err(_) => Ok(None),
     }
+}
+
+/// Whether a held buffer's layout is the array's own: every dimension longer than 1.
+fn exact(held: &HeldBuffer) -> bool {
+    let view = held.view();
+    let ndim = usize::try_from(view.ndim).unwrap_or(0);
+    if ndim == 0 {
+        return true;
+    }
+    if view.shape.is_null() {
+        return false;
+    }
+    // SAFETY: `shape` holds `ndim` values the exporter keeps until release; `held` is alive.
+    unsafe { std::slice::from_raw_parts(view.shape, ndim) }
+        .iter()
+        .all(|&n| n > 1)
 }
 
 /// Asks `obj` for a strided buffer with its format (read-only buffers allowed). `Ok(None)`

@@ -126,29 +126,40 @@ pub(crate) struct TypeInfo {
 /// are never cached.
 pub(crate) fn type_info(obj: &Bound<'_, PyAny>) -> Result<TypeInfo> {
     use std::sync::Mutex;
+    use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-    use pyo3::sync::PyOnceLock;
     use pyo3::types::PyType;
 
-    static CACHE: PyOnceLock<Mutex<Vec<(Py<PyType>, TypeInfo)>>> = PyOnceLock::new();
-    let py = obj.py();
-    let cache = CACHE.get_or_init(py, || Mutex::new(Vec::new()));
+    type Entry = (Py<PyType>, TypeInfo);
+    /// Entries published in order: `len` counts the filled slots. Readers take no lock (an
+    /// import asks on every call); writers append under `WRITE`. Entries are never removed
+    /// or changed, and leaked with the process (at most [`TYPE_CACHE`]).
+    static SLOTS: [AtomicPtr<Entry>; TYPE_CACHE] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; TYPE_CACHE];
+    static LEN: AtomicUsize = AtomicUsize::new(0);
+    static WRITE: Mutex<()> = Mutex::new(());
+
     let ty = obj.get_type_ptr();
-    {
-        // Poisoning cannot leave the list inconsistent (pushes are whole entries).
-        let entries = cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, info)) = entries.iter().find(|(t, _)| t.as_ptr().cast() == ty) {
-            return Ok(*info);
-        }
+    let cached = |len: usize| {
+        SLOTS[..len].iter().find_map(|slot| {
+            let entry = slot.load(Ordering::Acquire);
+            // SAFETY: a slot below `LEN` holds an entry from `Box::into_raw`, fully written
+            // before it was published (Release, read here with Acquire) and never freed.
+            let (t, info) = unsafe { &*entry };
+            (t.as_ptr().cast() == ty).then_some(*info)
+        })
+    };
+    if let Some(info) = cached(LEN.load(Ordering::Acquire)) {
+        return Ok(info);
     }
     let found = classify(obj)?;
-    let mut entries = cache
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if entries.len() < TYPE_CACHE && !entries.iter().any(|(t, _)| t.as_ptr().cast() == ty) {
-        entries.push((obj.get_type().unbind(), found));
+    // Poisoning cannot leave the slots inconsistent (an entry is published whole).
+    let _write = WRITE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let len = LEN.load(Ordering::Acquire);
+    if len < TYPE_CACHE && cached(len).is_none() {
+        let entry = Box::into_raw(Box::new((obj.get_type().unbind(), found)));
+        SLOTS[len].store(entry, Ordering::Release);
+        LEN.store(len + 1, Ordering::Release);
     }
     Ok(found)
 }
