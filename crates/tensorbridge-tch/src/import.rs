@@ -161,19 +161,21 @@ pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
         call: "tb_tch_describe",
         message: "no storage reference for a strided tensor".to_owned(),
     })?);
-    // SAFETY: from_descriptor:
-    // - 1: the span is the part of `t`'s storage that its sizes, strides and offset reach,
-    //   which libtorch keeps allocated, on the device it reports, while the reference in the
-    //   owner holds the storage (whose `DataPtr` owns the memory) and nothing reallocates
-    //   it (the caller's obligation 1); libtorch tensors are writable;
-    // - 2: host views of the result read while libtorch may write through other tensors of
-    //   the same storage only if safe tch code writes from another thread at the same time,
-    //   which tch itself allows for its own shallow clones: this crate adds no race that tch
-    //   does not have (see the crate's `# Soundness`).
-    let tensor = unsafe { Tensor::from_descriptor(desc, owner) };
+    // The descriptor is moved once, straight into the returned `Tensor` (a few hundred
+    // bytes: building the tensor first and moving it into the result copied it twice).
     Ok(match ready {
-        Ready::Now => tensor,
-        // SAFETY: with_ready:
+        // SAFETY: from_descriptor:
+        // - 1: the span is the part of `t`'s storage that its sizes, strides and offset
+        //   reach, which libtorch keeps allocated, on the device it reports, while the
+        //   reference in the owner holds the storage (whose `DataPtr` owns the memory) and
+        //   nothing reallocates it (the caller's obligation 1); libtorch tensors are
+        //   writable;
+        // - 2: host views of the result read while libtorch may write through other tensors
+        //   of the same storage only if safe tch code writes from another thread at the same
+        //   time, which tch itself allows for its own shallow clones: this crate adds no race
+        //   that tch does not have (see the crate's `# Soundness`).
+        Ready::Now => unsafe { Tensor::from_descriptor(desc, owner) },
+        // SAFETY: from_descriptor as in the arm above. with_ready:
         // - 1: PyTorch's convention is that the work producing a tensor is enqueued on the
         //   current stream of its device; the data is ready once that stream's work so far
         //   has finished;
@@ -183,7 +185,7 @@ pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
         //   current by C++ or Python code is that code's to keep alive (tch cannot);
         // - 3: a per-thread default stream became an event in `readiness`; a signal names
         //   none.
-        ready => unsafe { tensor.with_ready(ready) },
+        ready => unsafe { Tensor::from_descriptor(desc, owner).with_ready(ready) },
     })
 }
 
@@ -301,14 +303,22 @@ mod tests {
         let b = unsafe { import(&t) }.unwrap();
         assert_eq!(use_count(&t), base + 2, "one reference per import");
         let clones = [a.clone(), a.clone()];
-        assert_eq!(use_count(&t), base + 2, "clones share their import's reference");
+        assert_eq!(
+            use_count(&t),
+            base + 2,
+            "clones share their import's reference"
+        );
         drop(a);
         assert_eq!(use_count(&t), base + 2);
         drop(clones);
         assert_eq!(use_count(&t), base + 1, "released with the last clone");
         let on_another_thread = std::thread::spawn(move || drop(b));
         on_another_thread.join().unwrap();
-        assert_eq!(use_count(&t), base, "released on the thread that dropped it");
+        assert_eq!(
+            use_count(&t),
+            base,
+            "released on the thread that dropped it"
+        );
     }
 
     /// Refusals the Rust side makes after the shim took the reference (conjugate and
