@@ -175,17 +175,22 @@ pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
         //   time, which tch itself allows for its own shallow clones: this crate adds no race
         //   that tch does not have (see the crate's `# Soundness`).
         Ready::Now => unsafe { Tensor::from_descriptor(desc, owner) },
-        // SAFETY: from_descriptor as in the arm above. with_ready:
-        // - 1: PyTorch's convention is that the work producing a tensor is enqueued on the
-        //   current stream of its device; the data is ready once that stream's work so far
-        //   has finished;
-        // - 2: the stream is libtorch's current stream of the tensor's device: its default
-        //   stream or a stream of its pool, which libtorch never destroys (the device's
-        //   primary context, as libtorch uses the runtime API). An external stream made
-        //   current by C++ or Python code is that code's to keep alive (tch cannot);
-        // - 3: a per-thread default stream became an event in `readiness`; a signal names
-        //   none.
-        ready => unsafe { Tensor::from_descriptor(desc, owner).with_ready(ready) },
+        ready => {
+            // SAFETY: from_descriptor, as in the arm above.
+            let tensor = unsafe { Tensor::from_descriptor(desc, owner) };
+            // SAFETY: with_ready:
+            // - 1: PyTorch's convention is that the work producing a tensor is enqueued on
+            //   the current stream of its device; the data is ready once that stream's work
+            //   so far has finished;
+            // - 2: the stream is libtorch's current stream of the tensor's device: its
+            //   default stream or a stream of its pool, which libtorch never destroys (the
+            //   device's primary context, as libtorch uses the runtime API). An external
+            //   stream made current by C++ or Python code is that code's to keep alive (tch
+            //   cannot);
+            // - 3: a per-thread default stream became an event in `readiness`; a signal
+            //   names none.
+            unsafe { tensor.with_ready(ready) }
+        }
     })
 }
 
