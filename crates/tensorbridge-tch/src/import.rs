@@ -119,9 +119,9 @@ pub fn with_current_stream<R>(
 /// The tensor's owner is one reference to `t`'s storage (a `c10::Storage` copy: one atomic
 /// increment, no tensor and no libtorch allocation), so the storage stays alive until the
 /// last clone of the returned tensor is dropped, however long `t` itself lives, and
-/// whatever `set_`, `set_data` or `set_source_tensor_` later rebind `t` to. On CUDA the tensor is
-/// [`Ready::Stream`] of libtorch's current stream for its device on this thread, where
-/// PyTorch's convention places pending work.
+/// whatever `set_`, `set_data` or `set_source_tensor_` later rebind `t` to. On CUDA the
+/// tensor is [`Ready::Stream`] of libtorch's current stream for its device on this thread,
+/// where PyTorch's convention places pending work.
 ///
 /// Refused with a typed error: undefined tensors, non-strided layouts (sparse, MKL-DNN),
 /// tensors whose conjugate or negative bit is set, scalar types without a DLPack code
@@ -157,7 +157,7 @@ pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
     let ready = readiness(desc.device(), info.device_index)?;
     // `validate` accepted a defined strided tensor, for which a successful describe always
     // takes the reference; a shim that did not is reported, never trusted.
-    let owner = Arc::new(storage.ok_or(Error::Torch {
+    let owner = Arc::new(storage.ok_or_else(|| Error::Torch {
         call: "tb_tch_describe",
         message: "no storage reference for a strided tensor".to_owned(),
     })?);
