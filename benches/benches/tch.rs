@@ -6,8 +6,9 @@
 //!   tch tensor (libtorch frees the storage and calls the deleter, which drops the clone).
 //!   tch's is `Tensor::from_blob` over the same pointer, shape and strides (no deleter: the
 //!   caller keeps the memory alive by hand), then drop.
-//! - `tch/import`: ours is `tensorbridge_tch::import` (one shim call describing the tensor, the core's
-//!   validation, a shallow clone as owner, an `Arc`), then drop. tch's is what reading the
+//! - `tch/import`: ours is `tensorbridge_tch::import` (one shim call describing the tensor and
+//!   taking a reference to its storage, the core's validation, an `Arc` around that reference
+//!   as owner), then drop (one more shim call gives the reference back). tch's is what reading the
 //!   same facts costs through its own API: `data_ptr()`, `size()` and `stride()` (no
 //!   validation, no keep-alive).
 //!

@@ -1,6 +1,9 @@
 // The C++ side of tensorbridge-tch: the few libtorch calls tch 0.24 does not expose.
 //
-//  - tb_tch_describe:       everything `tensorbridge_tch::import` needs of a tensor, in one call;
+//  - tb_tch_describe:       everything `tensorbridge_tch::import` needs of a tensor, in one call,
+//                           with a reference to its storage for the owner;
+//  - tb_tch_storage_release: drops such a reference (exactly once per describe that took one);
+//  - tb_tch_storage_use_count: the count of a tensor's storage (the tests count with it);
 //  - tb_tch_current_stream: libtorch's current stream of a device, as a raw handle;
 //  - tb_tch_from_blob:      `at::for_blob` with a context and its deleter, which libtorch calls
 //                           exactly once, when the storage is freed (tch's `from_blob` has none);
@@ -44,9 +47,13 @@ struct tb_tch_info {
   uint8_t is_conj;
   uint8_t is_neg;
   uint8_t reserved;
+  // One reference to the tensor's `c10::StorageImpl` (an `intrusive_ptr` released to a raw
+  // pointer), taken last, only when everything else succeeded; null otherwise. The caller
+  // owns it and gives it back with `tb_tch_storage_release`, exactly once.
+  void* storage;
 };
 
-static_assert(sizeof(tb_tch_info) == 56, "tb_tch_info must match ffi::TensorInfo");
+static_assert(sizeof(tb_tch_info) == 64, "tb_tch_info must match ffi::TensorInfo");
 static_assert(sizeof(c10::ScalarType) == 1 && sizeof(c10::DeviceType) == 1 &&
                   sizeof(c10::DeviceIndex) == 1 && sizeof(c10::Layout) == 1,
               "the codes are int8_t");
@@ -116,7 +123,31 @@ int tb_tch_describe(const at::Tensor* t, tb_tch_info* out, char** err) noexcept 
     // first, so writes through the shared memory never reach another tensor's data.
     // Throws for tensors without storage (meta, functional wrappers).
     out->data = t->data_ptr();
+    // Last, so that nothing can throw once the reference is taken: one atomic increment of
+    // the storage's count (no tensor, no allocation, no dispatcher call). Rebinding `t`
+    // (`set_`, `set_data`) swaps the storage `t` points at and leaves this one alive.
+    c10::Storage storage = t->storage();
+    out->storage = storage.unsafeReleaseStorageImpl();
   });
+}
+
+void tb_tch_storage_release(void* storage) noexcept {
+  if (storage != nullptr) {
+    // Takes back the reference `tb_tch_describe` released; dropping it may free the storage
+    // (and run its `DataPtr` deleter) here. Destructors are `noexcept`: nothing unwinds.
+    auto reclaimed =
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim(static_cast<c10::StorageImpl*>(storage));
+  }
+}
+
+// How many references `t`'s storage has (tensors over it and references `tb_tch_describe`
+// took), -1 without one; the tests count the owner's reference with it. `unsafe_storage`
+// never throws (`storage()` does for some tensors), and this function must not.
+int64_t tb_tch_storage_use_count(const at::Tensor* t) noexcept {
+  if (!t->defined() || !t->unsafeGetTensorImpl()->has_storage()) {
+    return -1;
+  }
+  return static_cast<int64_t>(t->unsafeGetTensorImpl()->unsafe_storage().use_count());
 }
 
 int tb_tch_current_stream(int8_t device_type, int8_t device_index, void** out,

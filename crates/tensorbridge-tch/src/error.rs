@@ -20,8 +20,8 @@ pub enum Error {
     /// libtorch threw while the shim called it.
     #[error("libtorch failed in {call}: {message}")]
     Torch {
-        /// The shim function that called libtorch (`"tb_tch_from_blob"`...), or the tch call
-        /// (`"detach"`, which `import` makes for its owner).
+        /// The shim function that called libtorch (`"tb_tch_from_blob"`,
+        /// `"tb_tch_describe"`...).
         call: &'static str,
         /// libtorch's message, without its C++ backtrace.
         message: String,

@@ -291,6 +291,10 @@ pub(crate) struct TensorInfo {
     pub(crate) is_conj: u8,
     pub(crate) is_neg: u8,
     pub(crate) reserved: u8,
+    /// One reference to the tensor's `c10::StorageImpl`, taken only when the call succeeded
+    /// for a defined strided tensor (null otherwise); the caller owns it and gives it back
+    /// with [`tb_tch_storage_release`], exactly once.
+    pub(crate) storage: *mut c_void,
 }
 
 impl TensorInfo {
@@ -310,18 +314,20 @@ impl TensorInfo {
             is_conj: 0,
             is_neg: 0,
             reserved: 0,
+            storage: std::ptr::null_mut(),
         }
     }
 }
 
-// The shim's `static_assert(sizeof(tb_tch_info) == 56)` and the C layout rules fix the rest.
+// The shim's `static_assert(sizeof(tb_tch_info) == 64)` and the C layout rules fix the rest.
 const _: () = {
-    assert!(size_of::<TensorInfo>() == 56);
+    assert!(size_of::<TensorInfo>() == 64);
     assert!(offset_of!(TensorInfo, ndim) == 24);
     assert!(offset_of!(TensorInfo, itemsize) == 40);
     assert!(offset_of!(TensorInfo, scalar_type) == 48);
     assert!(offset_of!(TensorInfo, layout) == 51);
     assert!(offset_of!(TensorInfo, reserved) == 55);
+    assert!(offset_of!(TensorInfo, storage) == 56);
     assert!(size_of::<ScalarType>() == 1);
     assert!(size_of::<TorchDeviceType>() == 1);
     assert!(size_of::<TorchLayout>() == 1);
@@ -337,12 +343,22 @@ unsafe extern "C" {
     /// Frees a message from `err`; null is allowed.
     pub(crate) fn tb_tch_free_error(err: *mut c_char);
 
-    /// Describes `t` into `out`; `sizes` and `strides` borrow the tensor's own arrays.
+    /// Describes `t` into `out`; `sizes` and `strides` borrow the tensor's own arrays. On
+    /// success for a defined strided tensor, `out.storage` is a reference to its storage
+    /// the caller must release (and on failure, null).
     pub(crate) fn tb_tch_describe(
         t: *const C_tensor,
         out: *mut TensorInfo,
         err: *mut *mut c_char,
     ) -> i32;
+
+    /// Gives back a storage reference `tb_tch_describe` took (null is allowed); may free the
+    /// storage. Never unwinds.
+    pub(crate) fn tb_tch_storage_release(storage: *mut c_void);
+
+    /// The reference count of `t`'s storage, -1 for a tensor without one.
+    #[cfg(test)]
+    pub(crate) fn tb_tch_storage_use_count(t: *const C_tensor) -> i64;
 
     /// libtorch's current stream of a device on the calling thread, as a native handle (a
     /// `cudaStream_t` for CUDA; null for the legacy default stream).

@@ -1,40 +1,59 @@
-//! tch -> [`Tensor`]: describe through the shim, validate in the core, keep a detached alias.
+//! tch -> [`Tensor`]: describe through the shim (one call, which also takes a reference to
+//! the storage), validate in the core, keep the storage reference as the owner.
 
-use std::ptr;
+use std::ffi::c_void;
+use std::ptr::{self, NonNull};
 use std::slice;
+use std::sync::Arc;
 
 use tensorbridge::{Access, Descriptor, Device, RawTensor, Ready, Stream, Tensor};
 
 use crate::ffi::{self, TensorInfo};
 use crate::{Error, TorchDevice, TorchDeviceType, TorchLayout};
 
-/// Keeps a tensor of its own over the shared storage alive: a detached alias of the source
-/// (a new `TensorImpl`, the same `StorageImpl`), so that `set_`, `set_data` or
-/// `set_source_tensor_` on the source, which rebind the source's `TensorImpl`, leave this
-/// one's storage in place.
-struct TchOwner(
-    /// Never read: held so that the storage lives until the last clone of the core tensor
-    /// is dropped.
-    #[allow(dead_code)] // Read by no one on purpose; see the field's docs.
-    tch::Tensor,
-);
+/// One reference to the `c10::StorageImpl` of an imported tensor (what a `c10::Storage`
+/// copy holds: one count of the storage's atomic reference count), given back to libtorch
+/// exactly once, when dropped.
+///
+/// The storage owns the memory's `DataPtr`, so the memory lives as long as this reference
+/// does, unless the storage itself is resized (see [`import`]'s safety section). `set_`,
+/// `set_data` and `set_source_tensor_` on the source tensor make the source's `TensorImpl`
+/// point at another storage and drop the source's reference to this one; they never touch
+/// a storage's count held elsewhere, so they free nothing under an import.
+struct StorageRef(NonNull<c_void>);
 
-// SAFETY: `tch::Tensor` is `Send` but not `Sync` because its methods may not be called from
-// two threads at once through `&`. The owner never gives out a reference to the tensor: it is
-// only ever dropped, once, by whichever thread drops the last clone of the `Arc`, which
-// `Send` allows. Shared references to a `TchOwner` therefore permit nothing.
-unsafe impl Sync for TchOwner {}
+impl Drop for StorageRef {
+    fn drop(&mut self) {
+        // SAFETY: the pointer is a reference `tb_tch_describe` took and handed over (see
+        // `describe`), owned by this value alone and released only here, once.
+        unsafe { ffi::tb_tch_storage_release(self.0.as_ptr()) };
+    }
+}
 
-/// The shim's description of `t`.
-fn describe(t: &tch::Tensor) -> Result<TensorInfo, Error> {
+// SAFETY: the value is a count of an atomically reference-counted `StorageImpl`; giving it
+// back from any thread is what libtorch does whenever a tensor is dropped on another thread
+// (tch tensors are `Send`). The storage is never read or written through it.
+unsafe impl Send for StorageRef {}
+
+// SAFETY: a shared `&StorageRef` permits nothing (no method reads the storage); only the
+// drop, which takes the value, uses the pointer.
+unsafe impl Sync for StorageRef {}
+
+/// The shim's description of `t`, and the reference to its storage the shim took when it
+/// could describe `t` as strided memory (every other case is refused by `validate`).
+fn describe(t: &tch::Tensor) -> Result<(TensorInfo, Option<StorageRef>), Error> {
     let mut info = TensorInfo::zeroed();
     let mut err = ptr::null_mut();
     // SAFETY: `t.as_ptr()` is a live `C_tensor` (a heap `at::Tensor`) borrowed for the call;
     // `info` and `err` are live locals the shim writes once each.
     let status = unsafe { ffi::tb_tch_describe(t.as_ptr(), &mut info, &mut err) };
+    // Owned from here on, whatever happens next: the shim takes the reference last, after
+    // everything that can fail, so a failed call leaves it null; a non-null one is released
+    // exactly once, by this guard's drop (on a refusal) or the owner's.
+    let storage = NonNull::new(info.storage).map(StorageRef);
     // SAFETY: `err` is what this call stored.
     unsafe { ffi::check("tb_tch_describe", status, err) }?;
-    Ok(info)
+    Ok((info, storage))
 }
 
 /// libtorch's current stream of CUDA device `index` on this thread, as the core names it (a
@@ -97,12 +116,12 @@ pub fn with_current_stream<R>(
 /// A tch tensor as a core [`Tensor`], zero-copy: same memory, same shape, strides in
 /// elements and storage offset (as the byte offset), read-write.
 ///
-/// The tensor's owner is a detached alias of `t` (a tensor of its own over `t`'s storage,
-/// one more libtorch reference to it), so the storage stays alive until the last clone of
-/// the returned tensor is dropped, however long `t` itself lives, and whatever `set_`,
-/// `set_data` or `set_source_tensor_` later rebind `t` to. On CUDA the tensor is
-/// [`Ready::Stream`] of libtorch's current stream for its device on this thread, where
-/// PyTorch's convention places pending work.
+/// The tensor's owner is one reference to `t`'s storage (a `c10::Storage` copy: one atomic
+/// increment, no tensor and no libtorch allocation), so the storage stays alive until the
+/// last clone of the returned tensor is dropped, however long `t` itself lives, and
+/// whatever `set_`, `set_data` or `set_source_tensor_` later rebind `t` to. On CUDA the
+/// tensor is [`Ready::Stream`] of libtorch's current stream for its device on this thread,
+/// where PyTorch's convention places pending work.
 ///
 /// Refused with a typed error: undefined tensors, non-strided layouts (sparse, MKL-DNN),
 /// tensors whose conjugate or negative bit is set, scalar types without a DLPack code
@@ -132,36 +151,46 @@ pub fn with_current_stream<R>(
 ///    imports are `unsafe`"). Storages libtorch refuses to resize (those of tensors
 ///    [`export`](crate::export) made, or `from_blob`'s) meet this by construction.
 pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
-    let info = describe(t)?;
+    let (info, storage) = describe(t)?;
+    // A refusal from here on drops `storage`, which gives the reference back.
     let desc = validate(&info)?;
     let ready = readiness(desc.device(), info.device_index)?;
-    let owner = std::sync::Arc::new(TchOwner(t.f_detach().map_err(|e| Error::Torch {
-        call: "detach",
-        message: e.to_string(),
-    })?));
-    // SAFETY: from_descriptor:
-    // - 1: the span is the part of `t`'s storage that its sizes, strides and offset reach,
-    //   which libtorch keeps allocated, on the device it reports, while the detached alias
-    //   in the owner holds the storage and nothing reallocates it (the caller's obligation
-    //   1); libtorch tensors are writable;
-    // - 2: host views of the result read while libtorch may write through other tensors of
-    //   the same storage only if safe tch code writes from another thread at the same time,
-    //   which tch itself allows for its own shallow clones: this crate adds no race that tch
-    //   does not have (see the crate's `# Soundness`).
-    let tensor = unsafe { Tensor::from_descriptor(desc, owner) };
+    // `validate` accepted a defined strided tensor, for which a successful describe always
+    // takes the reference; a shim that did not is reported, never trusted.
+    let owner = Arc::new(storage.ok_or_else(|| Error::Torch {
+        call: "tb_tch_describe",
+        message: "no storage reference for a strided tensor".to_owned(),
+    })?);
+    // The descriptor is moved once, straight into the returned `Tensor` (a few hundred
+    // bytes: building the tensor first and moving it into the result copied it twice).
     Ok(match ready {
-        Ready::Now => tensor,
-        // SAFETY: with_ready:
-        // - 1: PyTorch's convention is that the work producing a tensor is enqueued on the
-        //   current stream of its device; the data is ready once that stream's work so far
-        //   has finished;
-        // - 2: the stream is libtorch's current stream of the tensor's device: its default
-        //   stream or a stream of its pool, which libtorch never destroys (the device's
-        //   primary context, as libtorch uses the runtime API). An external stream made
-        //   current by C++ or Python code is that code's to keep alive (tch cannot);
-        // - 3: a per-thread default stream became an event in `readiness`; a signal names
-        //   none.
-        ready => unsafe { tensor.with_ready(ready) },
+        // SAFETY: from_descriptor:
+        // - 1: the span is the part of `t`'s storage that its sizes, strides and offset
+        //   reach, which libtorch keeps allocated, on the device it reports, while the
+        //   reference in the owner holds the storage (whose `DataPtr` owns the memory) and
+        //   nothing reallocates it (the caller's obligation 1); libtorch tensors are
+        //   writable;
+        // - 2: host views of the result read while libtorch may write through other tensors
+        //   of the same storage only if safe tch code writes from another thread at the same
+        //   time, which tch itself allows for its own shallow clones: this crate adds no race
+        //   that tch does not have (see the crate's `# Soundness`).
+        Ready::Now => unsafe { Tensor::from_descriptor(desc, owner) },
+        ready => {
+            // SAFETY: from_descriptor, as in the arm above.
+            let tensor = unsafe { Tensor::from_descriptor(desc, owner) };
+            // SAFETY: with_ready:
+            // - 1: PyTorch's convention is that the work producing a tensor is enqueued on
+            //   the current stream of its device; the data is ready once that stream's work
+            //   so far has finished;
+            // - 2: the stream is libtorch's current stream of the tensor's device: its
+            //   default stream or a stream of its pool, which libtorch never destroys (the
+            //   device's primary context, as libtorch uses the runtime API). An external
+            //   stream made current by C++ or Python code is that code's to keep alive (tch
+            //   cannot);
+            // - 3: a per-thread default stream became an event in `readiness`; a signal
+            //   names none.
+            unsafe { tensor.with_ready(ready) }
+        }
     })
 }
 
@@ -249,4 +278,87 @@ fn readiness(device: Device, device_index: i8) -> Result<Ready, Error> {
         .into_ready(),
         stream => Ready::Stream(stream),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device as TchDevice, Kind};
+
+    /// The reference count of `t`'s storage, as libtorch keeps it.
+    fn use_count(t: &tch::Tensor) -> i64 {
+        // SAFETY: `t.as_ptr()` is a live `C_tensor` borrowed for the call.
+        unsafe { ffi::tb_tch_storage_use_count(t.as_ptr()) }
+    }
+
+    /// The owner is exactly one reference to the storage, shared by every clone of the
+    /// import and given back once, with the last of them. With a detached alias as owner the
+    /// count also rose by one; with no owner it would not rise; a double release would drop it
+    /// below 1 (and free the storage under `t`).
+    #[test]
+    fn the_owner_is_one_storage_reference_released_once() {
+        let t = tch::Tensor::arange(6, (Kind::Float, TchDevice::Cpu));
+        let view = t.narrow(0, 1, 3);
+        let base = use_count(&t);
+        assert_eq!(base, 2, "one reference per TensorImpl over the storage");
+        // SAFETY: nothing resizes `t`'s storage in this test.
+        let a = unsafe { import(&view) }.unwrap();
+        assert_eq!(use_count(&t), base + 1);
+        // SAFETY: as above.
+        let b = unsafe { import(&t) }.unwrap();
+        assert_eq!(use_count(&t), base + 2, "one reference per import");
+        let clones = [a.clone(), a.clone()];
+        assert_eq!(
+            use_count(&t),
+            base + 2,
+            "clones share their import's reference"
+        );
+        drop(a);
+        assert_eq!(use_count(&t), base + 2);
+        drop(clones);
+        assert_eq!(use_count(&t), base + 1, "released with the last clone");
+        let on_another_thread = std::thread::spawn(move || drop(b));
+        on_another_thread.join().unwrap();
+        assert_eq!(
+            use_count(&t),
+            base,
+            "released on the thread that dropped it"
+        );
+    }
+
+    /// Refusals the Rust side makes after the shim took the reference (conjugate and
+    /// negative bits, scalar types without a DLPack code) give it back; refusals the shim
+    /// makes (undefined, not strided) never took one.
+    #[test]
+    fn refusals_give_the_reference_back() {
+        let z = tch::Tensor::zeros([2], (Kind::ComplexFloat, TchDevice::Cpu));
+        let x = tch::Tensor::zeros([2], (Kind::Float, TchDevice::Cpu));
+        let q = tch::Tensor::from_slice(&[0.5f32, 1.0]).quantize_per_tensor(0.1, 0, Kind::QInt8);
+        for (name, t) in [
+            ("conj", z.conj()),
+            ("neg", x.internal_neg_view()),
+            ("qint8", q.shallow_clone()),
+        ] {
+            let before = use_count(&t);
+            // SAFETY: refused; nothing is resized.
+            let err = unsafe { import(&t) }.unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::ConjugateBit | Error::NegativeBit | Error::UnsupportedScalarType { .. }
+                ),
+                "{name}: {err}"
+            );
+            assert_eq!(use_count(&t), before, "{name}: no reference kept");
+        }
+        let (info, storage) = describe(&tch::Tensor::new()).unwrap();
+        assert!(info.defined == 0 && storage.is_none());
+        let sparse = tch::Tensor::eye(2, (Kind::Float, TchDevice::Cpu)).to_sparse(
+            None,
+            None::<&[i64]>,
+            None,
+        );
+        let (info, storage) = describe(&sparse).unwrap();
+        assert!(info.layout != TorchLayout::STRIDED && storage.is_none());
+    }
 }

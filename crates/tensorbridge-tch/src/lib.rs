@@ -26,8 +26,9 @@
 //! ```
 //!
 //! # Ownership
-//! - **tch -> [`Tensor`]**: the tensor's owner is a detached alias of the tch tensor (a
-//!   libtorch tensor of its own over the same storage). The storage lives until the last
+//! - **tch -> [`Tensor`]**: the tensor's owner is one reference to the tch tensor's storage
+//!   (a `c10::Storage` copy the shim takes while describing the tensor: one atomic
+//!   increment, no tensor of its own, given back once). The storage lives until the last
 //!   clone of the [`Tensor`] is dropped, whatever the tch tensor is rebound to meanwhile
 //!   (`set_`, `set_data`). Its memory lives as long only if nothing resizes the storage:
 //!   libtorch grows a storage by moving it to new memory and freeing the old at once, which
@@ -43,8 +44,8 @@
 //!   libtorch's caching allocator does with its own blocks. The deleter never unwinds into
 //!   libtorch (a panicking owner aborts the process). A refused or failed conversion keeps
 //!   no clone.
-//! - Both directions compose: a tensor that goes to tch and back is owned by a shallow clone
-//!   of a tch tensor whose storage holds the original owner.
+//! - Both directions compose: a tensor that goes to tch and back is owned by a reference to
+//!   a libtorch storage that holds the original owner.
 //!
 //! # Soundness
 //! - The shim catches every C++ exception: libtorch failures are [`Error::Torch`], never an
@@ -53,8 +54,8 @@
 //!   their output) can move a storage to new memory and free the old memory, which a
 //!   [`Tensor`] describes by address. The caller promises that nothing resizes the storage
 //!   of an imported tensor while the import lives. Rebinding the tch tensor (`set_`,
-//!   `set_data`, `set_source_tensor_`) is harmless: the import holds a tensor of its own
-//!   over the storage. Storages [`export`] made cannot be resized at all.
+//!   `set_data`, `set_source_tensor_`) is harmless: it makes the tch tensor point at another
+//!   storage and leaves the import's reference to the old one alone. Storages [`export`] made cannot be resized at all.
 //! - tch's safe API lets two shallow clones of one storage live on two threads, and write
 //!   through one while the other reads: tch does not prevent data races on tensor memory.
 //!   [`import`] and [`export`] are safe on the same terms: a [`Tensor`] shared with

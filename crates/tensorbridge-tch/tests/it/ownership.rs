@@ -78,7 +78,7 @@ fn round_trips_release_the_original_owner_once() {
     let t = counted_tensor(&counter, &[2, 3]);
     let torch = tensorbridge_tch::export(&t).unwrap();
     drop(t);
-    let back = import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a shallow clone
+    let back = import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a storage reference
     drop(torch);
     assert_eq!(counter.drops(), 0);
     let again = tensorbridge_tch::export(&back).unwrap(); // a second storage over the same memory
@@ -93,7 +93,7 @@ fn round_trips_release_the_original_owner_once() {
 fn import_keeps_libtorch_memory_alive() {
     let torch = tch::Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).reshape([2, 3]);
     let shared = import(&torch.transpose(0, 1)).unwrap();
-    drop(torch); // the shallow clone in the owner still holds the storage
+    drop(torch); // the storage reference in the owner still holds the storage
     assert_eq!(
         shared.host_view::<f32>().unwrap().to_contiguous(),
         [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]

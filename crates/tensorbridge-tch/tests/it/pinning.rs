@@ -1,7 +1,7 @@
 //! What keeps an imported tch tensor's memory alive, and what cannot (why `tensorbridge_tch::import` is
-//! `unsafe`). The owner of an import holds a tensor of its own over the storage, so rebinding
-//! the source (`set_`, `set_data`, `set_source_tensor_`) releases nothing; growing the
-//! storage moves it to new memory whatever holds the storage, which is the caller's promise.
+//! `unsafe`). The owner of an import holds a reference to the storage, so rebinding the
+//! source (`set_`, `set_data`, `set_source_tensor_`) releases nothing; growing the storage
+//! moves it to new memory whatever holds the storage, which is the caller's promise.
 
 use tch::{Device as TchDevice, Kind};
 
@@ -49,8 +49,9 @@ fn rebinding_the_source_releases_nothing_under_an_import() {
     }
 }
 
-/// The evidence for the `unsafe`: a tensor of its own over the same storage (what an
-/// import's owner holds) does not keep the old memory when the source grows the storage.
+/// The evidence for the `unsafe`: a reference to the storage (what an import's owner holds;
+/// here a tensor of its own over it, which holds one) does not keep the old memory when the
+/// source grows the storage.
 /// libtorch allocates new memory, moves the storage's data pointer there and frees the old
 /// memory; the storage, and every tensor over it, follows the move. An import describes the
 /// old address, so holding the storage cannot pin it.
