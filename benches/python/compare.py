@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """tensorbridge against the peers, side by side in one process, on a GPU machine.
 
-Each row times one path as the median of many calls after a warm-up (time.perf_counter_ns
-around each call), next to what a user would do instead, on the same buffer. The stream
+Each row times one path as the median over batches of 50 calls (time.perf_counter_ns around
+each batch, divided by 50) after a warm-up, next to what a user would do instead, on the
+same buffer, the two timed alternately in blocks. The stream
 rows time how long each consumer keeps the host while the producer stream is still busy for
 SPIN_MS. Prints a markdown table and writes compare.json into $OUT (or the current
 directory). Rows whose library is missing say so instead of failing.
@@ -24,17 +25,23 @@ N = 1 << 20  # float32 elements (4 MiB), non-zero data
 CALLS = 20_000
 WARMUP = 2_000
 SPIN_MS = 60
+BATCH = 50  # calls between two clock reads
 
 rows = []
 
 
-def samples_ns(fn, calls):
+def samples_ns(fn, calls, batch=BATCH):
+    """Per-call times of `fn`, each the mean over a batch of `batch` calls between two clock
+    reads: a clock read costs about as much as the cheapest calls timed here on a virtual
+    machine, and timing calls one by one would add it to both sides of every ratio (pulling
+    every ratio towards 1)."""
     clock = time.perf_counter_ns
     out = []
-    for _ in range(calls):
+    for _ in range(max(1, calls // batch)):
         t0 = clock()
-        fn()
-        out.append(clock() - t0)
+        for _ in range(batch):
+            fn()
+        out.append((clock() - t0) / batch)
     return out
 
 

@@ -225,7 +225,10 @@ fn build_wheels_into(
                 .env("PYO3_NO_PYTHON", "1")
                 .env("CARGO_TARGET_DIR", root().join("target").join(feature));
         }
-        steps.cmd(&format!("python: maturin build {folder} {}", abi.unwrap_or("")), &mut maturin)?;
+        steps.cmd(
+            &format!("python: maturin build {folder} {}", abi.unwrap_or("")),
+            &mut maturin,
+        )?;
         match wheels_in(out, prefix)?.as_slice() {
             [one] => built.push(one.clone()),
             found => bail!(

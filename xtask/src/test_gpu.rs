@@ -296,7 +296,11 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
         fs::copy(&bench.path, to.join(&bench.name))
             .with_context(|| format!("copying {}", bench.path.display()))?;
     }
-    for script in ["benches/python/compare.py", "benches/plot_copy_vs_share.py"] {
+    for script in [
+        "benches/python/compare.py",
+        "benches/python/breakdown.py",
+        "benches/plot_copy_vs_share.py",
+    ] {
         let from = root().join(script);
         let name = from.file_name().context("a script has a file name")?;
         fs::copy(&from, to.join(name)).with_context(|| format!("copying {}", from.display()))?;

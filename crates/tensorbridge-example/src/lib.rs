@@ -143,11 +143,7 @@ fn empty() {}
 /// `nop3` through dlpark 0.10's own import (its exchange-API path for PyTorch, `__dlpack__`
 /// for the others, owning managed tensors), for the side-by-side benchmark.
 #[pyfunction]
-fn dlpark_nop3(
-    x: &Bound<'_, PyAny>,
-    y: &Bound<'_, PyAny>,
-    z: &Bound<'_, PyAny>,
-) -> PyResult<u64> {
+fn dlpark_nop3(x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>, z: &Bound<'_, PyAny>) -> PyResult<u64> {
     let mut total = 0u64;
     for obj in [x, y, z] {
         let imported = dlpark::python::from_dlpack(obj.as_borrowed(), None, None)?;

@@ -21,7 +21,9 @@ type Dims = smallvec::SmallVec<[i64; 8]>;
 fn strides_in_elements(bytes: &[i64], itemsize: usize) -> Result<Dims> {
     let size = i64::try_from(itemsize).unwrap_or(0);
     if size == 0 || bytes.iter().any(|b| b % size != 0) {
-        return Ok(Layout::strides_from_bytes(bytes, itemsize)?.into_iter().collect());
+        return Ok(Layout::strides_from_bytes(bytes, itemsize)?
+            .into_iter()
+            .collect());
     }
     Ok(bytes.iter().map(|b| b / size).collect())
 }

@@ -154,7 +154,9 @@ pub(crate) fn type_info(obj: &Bound<'_, PyAny>) -> Result<TypeInfo> {
     }
     let found = classify(obj)?;
     // Poisoning cannot leave the slots inconsistent (an entry is published whole).
-    let _write = WRITE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _write = WRITE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let len = LEN.load(Ordering::Acquire);
     if len < TYPE_CACHE && cached(len).is_none() {
         let entry = Box::into_raw(Box::new((obj.get_type().unbind(), found)));
@@ -301,14 +303,24 @@ pub(crate) fn without_cpp_frames(py: Python<'_>, err: PyErr) -> PyErr {
 /// `complex` says whether the tensor's dtype is complex, when the caller already knows it:
 /// only complex tensors can carry the conjugate bit, so `Some(false)` skips that question.
 /// The attributes are asked only of types that have them ([`TypeInfo`]).
-pub(crate) fn eligible(obj: &Bound<'_, PyAny>, info: &TypeInfo, complex: Option<bool>) -> Result<bool> {
+pub(crate) fn eligible(
+    obj: &Bound<'_, PyAny>,
+    info: &TypeInfo,
+    complex: Option<bool>,
+) -> Result<bool> {
     let py = obj.py();
-    if info.asks.requires_grad && obj.getattr(pyo3::intern!(py, "requires_grad"))?.is_truthy()? {
+    if info.asks.requires_grad
+        && obj
+            .getattr(pyo3::intern!(py, "requires_grad"))?
+            .is_truthy()?
+    {
         return Ok(false);
     }
     if info.asks.is_conj
         && complex != Some(false)
-        && obj.call_method0(pyo3::intern!(py, "is_conj"))?.is_truthy()?
+        && obj
+            .call_method0(pyo3::intern!(py, "is_conj"))?
+            .is_truthy()?
     {
         return Ok(false);
     }

@@ -420,8 +420,7 @@ unsafe fn from_exchange(
             // `obj` is and nothing else runs (read right here, before any Python call).
             let desc = unsafe {
                 tensorbridge_dlpack::describe_borrowed(&dl, api.version(), Access::ReadWrite)
-            }
-            .map_err(tensorbridge_dlpack::Error::from)?;
+            }?;
             if !exchange::eligible(obj, info, Some(desc.dtype().code() == DTypeCode::Complex))? {
                 return Ok(None);
             }

@@ -16,7 +16,9 @@
 //!
 //! # The import order
 //! [`import`] tries, in this order:
-//! 1. a [`View`] of this crate (its tensor, as it is);
+//! 1. a [`View`] of this crate (its tensor, as it is); an exact `numpy.ndarray` whose
+//!    dimensions are all longer than 1, through the buffer protocol (what its `__dlpack__`
+//!    would export, without the Python call; anything else NumPy goes on below);
 //! 2. the DLPack C exchange API of `type(obj)` (`__dlpack_c_exchange_api__`, a DLPack 1.3
 //!    capsule, or `__c_dlpack_exchange_api__`, the 1.2 int), which PyTorch 2.11 publishes:
 //!    no Python call, and the caller's stream is ordered after the producer's current work
@@ -24,10 +26,13 @@
 //!    (PyTorch: requiring grad, conjugate bit), nor for subclasses that override
 //!    `__dlpack__`, `__dlpack_device__` or `__torch_function__` (decided once per type):
 //!    those, and tensors the table fails on, go to step 3, whose refusal is then final;
-//!    a lazily negated PyTorch tensor is refused (`BufferError`);
+//!    a lazily negated PyTorch tensor is refused (`BufferError`). PyTorch's tensors are read
+//!    through the table's non-owning `DLTensor`, held by the tensor object itself (the same
+//!    memory and guarantee as its owning export, without its allocation and deleter);
 //! 3. `obj.__dlpack__(max_version=(1, 3), stream=...)`, retried without `max_version` on
-//!    `TypeError` for producers older than DLPack 1.0; a stream is passed only for device
-//!    memory, after asking `__dlpack_device__`, and then always (`stream=None` too); ROCm
+//!    `TypeError` for producers older than DLPack 1.0; without a caller's stream,
+//!    `stream=None` (every device takes it); with one, a stream is passed only for device
+//!    memory, after asking `__dlpack_device__`; ROCm
 //!    producers get ROCm's values (the legacy default stream as `0`; the per-thread default
 //!    stream is refused);
 //! 4. a DLPack capsule itself (`dltensor` or `dltensor_versioned`, renamed `used_*` when

@@ -22,8 +22,10 @@ use crate::view::View;
 /// ``obj.__dlpack__(max_version=(1, 3), stream=stream)`` (retried without ``max_version``
 /// for producers older than DLPack 1.0); a DLPack capsule (consumed once: a used capsule
 /// raises BufferError); ``__cuda_array_interface__`` (versions 0 to 3); ``__array_interface__``;
-/// the buffer protocol. The producer object is kept alive as long as the view, or anything
-/// made from it, lives.
+/// the buffer protocol. An exact ``numpy.ndarray`` whose dimensions are all longer than 1 is
+/// read through the buffer protocol first: the same view its ``__dlpack__`` gives, without
+/// the Python call. The producer object is kept alive as long as the view, or anything made
+/// from it, lives.
 ///
 /// ``stream`` is the CUDA stream the caller will use the data on, as an int with DLPack's
 /// conventions: ``-1`` (no synchronisation), ``1`` (legacy default), ``2`` (per-thread
