@@ -372,3 +372,28 @@ def writer(*fws):
         if BY_NAME[name].available():
             return BY_NAME[name]
     raise RuntimeError("no writable GPU framework present")
+
+
+SPIN_FILL = r"""
+extern "C" __global__ void spin_fill(float* out, long long n, long long cycles, float value) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"""
+
+
+def cupy_spin_kernel(cupy, busy_ms):
+    """``(kernel, cycles)``: CuPy's build of ``SPIN_FILL`` (compiled and warmed up here) and
+    the clock cycles one thread spins for about ``busy_ms`` on this GPU (measured with CUDA
+    events over 20 000 000 cycles)."""
+    k = cupy.RawKernel(SPIN_FILL, "spin_fill")
+    out = cupy.zeros(1, cupy.float32)
+    k((1,), (1,), (out, np.int64(1), np.int64(1000), np.float32(0)))  # compile + warm-up
+    s, e = cupy.cuda.Event(), cupy.cuda.Event()
+    s.record()
+    k((1,), (1,), (out, np.int64(1), np.int64(20_000_000), np.float32(0)))
+    e.record()
+    e.synchronize()
+    return k, int(20_000_000 / cupy.cuda.get_elapsed_time(s, e) * busy_ms)

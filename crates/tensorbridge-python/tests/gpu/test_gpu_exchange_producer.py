@@ -17,19 +17,12 @@ import numpy as np
 import pytest
 
 import tensorbridge as tb
+from gpu_frameworks import cupy_spin_kernel
 from tbhelpers import DLTensor, delete_managed, dltensor_info, exchange_table, managed_info
 
 N = 1 << 20
 BUSY_MS = 60
 
-SPIN_FILL = r"""
-extern "C" __global__ void spin_fill(float* out, long long n, long long cycles, float value) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +32,7 @@ def cupy():
 
 @pytest.fixture(scope="module")
 def cupy_spin(cupy):
-    k = cupy.RawKernel(SPIN_FILL, "spin_fill")
-    out = cupy.zeros(1, cupy.float32)
-    k((1,), (1,), (out, np.int64(1), np.int64(1000), np.float32(0)))  # compile + warm-up
-    s, e = cupy.cuda.Event(), cupy.cuda.Event()
-    s.record()
-    k((1,), (1,), (out, np.int64(1), np.int64(20_000_000), np.float32(0)))
-    e.record()
-    e.synchronize()
-    cycles = int(20_000_000 / cupy.cuda.get_elapsed_time(s, e) * BUSY_MS)
+    k, cycles = cupy_spin_kernel(cupy, BUSY_MS)
 
     def launch(x, value=7.0):
         n = x.size

@@ -13,20 +13,13 @@ import time
 
 import numpy as np
 import pytest
+from gpu_frameworks import cupy_spin_kernel
 
 N = 1 << 20
 BUSY_MS = 100
 
 ext = pytest.importorskip("tensorbridge_example", reason="the example extension is not built")
 
-SPIN_FILL = r"""
-extern "C" __global__ void spin_fill(float* out, long long n, long long cycles, float value) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +46,7 @@ def torch_cycles(torch):
 @pytest.fixture(scope="module")
 def cupy_spin():
     cupy = pytest.importorskip("cupy")
-    k = cupy.RawKernel(SPIN_FILL, "spin_fill")
-    out = cupy.zeros(1, cupy.float32)
-    k((1,), (1,), (out, np.int64(1), np.int64(1000), np.float32(0)))
-    s, e = cupy.cuda.Event(), cupy.cuda.Event()
-    s.record()
-    k((1,), (1,), (out, np.int64(1), np.int64(20_000_000), np.float32(0)))
-    e.record()
-    e.synchronize()
-    cycles = int(20_000_000 / cupy.cuda.get_elapsed_time(s, e) * BUSY_MS)
+    k, cycles = cupy_spin_kernel(cupy, BUSY_MS)
 
     def launch(x, value):
         # One block spins, then a grid fills: busy ~BUSY_MS whatever N is.
