@@ -172,14 +172,22 @@ const TYPE_CACHE: usize = 64;
 /// [`type_info`] without the cache.
 fn classify(obj: &Bound<'_, PyAny>) -> Result<TypeInfo> {
     let ty = obj.get_type();
-    let module = ty.module()?;
-    let module = module.to_cow()?;
+    // A class made without a module (`type(...)` under globals without `__name__`) has no
+    // `__module__`: it is none of the kinds below.
+    let module = ty
+        .module()
+        .ok()
+        .and_then(|m| m.to_cow().ok().map(|m| m.into_owned()))
+        .unwrap_or_default();
     let (table, torch) = lookup(obj)?;
     Ok(TypeInfo {
         table,
         torch,
         masked: module.starts_with("numpy.ma"),
-        ndarray: module == "numpy" && ty.qualname()?.to_cow()? == "ndarray",
+        ndarray: module == "numpy"
+            && ty
+                .qualname()
+                .is_ok_and(|q| q.to_cow().is_ok_and(|q| q == "ndarray")),
         cupy: module.starts_with("cupy"),
         asks: if table.published() {
             Asks::of(&ty)?
@@ -235,8 +243,8 @@ fn lookup(obj: &Bound<'_, PyAny>) -> Result<(Table, bool)> {
     let (overridden, publisher) = overrides_protocol(&ty, name)?;
     let torch = match &publisher {
         Some(class) => class
-            .getattr(pyo3::intern!(py, "__module__"))?
-            .extract::<String>()
+            .getattr(pyo3::intern!(py, "__module__"))
+            .and_then(|m| m.extract::<String>())
             .is_ok_and(|m| m == "torch" || m.starts_with("torch.")),
         None => false,
     };
