@@ -1,7 +1,6 @@
 //! The buffer protocol (PEP 3118) -> [`Tensor`]: host memory of `bytes`, `bytearray`,
 //! `array.array`, `memoryview`, `mmap` and anything else that exports a strided buffer.
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
@@ -10,7 +9,7 @@ use tensorbridge::{Access, Layout, RawTensor, Tensor};
 
 use crate::convert::dtype_from_format;
 use crate::error::{Error, Result};
-use crate::ffi::{PYBUF_FORMAT, PYBUF_STRIDES, Py_buffer, PyObject_GetBuffer};
+use crate::ffi::{PYBUF_FORMAT, PYBUF_STRIDES};
 use crate::owner::HeldBuffer;
 
 /// Shapes and strides of up to 8 dimensions without a heap allocation.
@@ -63,7 +62,7 @@ fn exact(held: &HeldBuffer) -> bool {
 
 /// Asks `obj` for a strided buffer with its format (read-only buffers allowed). `Ok(None)`
 /// when `obj` does not export buffers at all (a `TypeError` from `PyObject_GetBuffer`).
-pub(crate) fn hold(obj: &Bound<'_, PyAny>) -> Result<Option<HeldBuffer>> {
+pub(crate) fn hold(obj: &Bound<'_, PyAny>) -> Result<Option<Arc<HeldBuffer>>> {
     match get(obj) {
         Ok(held) => Ok(Some(held)),
         Err(err) if err.is_instance_of::<PyTypeError>(obj.py()) => Ok(None),
@@ -72,23 +71,13 @@ pub(crate) fn hold(obj: &Bound<'_, PyAny>) -> Result<Option<HeldBuffer>> {
 }
 
 /// `PyObject_GetBuffer(obj, STRIDES | FORMAT)` into a held buffer, or the exporter's error.
-fn get(obj: &Bound<'_, PyAny>) -> PyResult<HeldBuffer> {
-    let view = Box::into_raw(Box::new(Py_buffer::zeroed()));
-    // SAFETY: attached (we hold `obj`); `view` is a live, writable, never-moving struct.
-    let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), view, PYBUF_STRIDES | PYBUF_FORMAT) };
-    if rc != 0 {
-        // SAFETY: a failed call leaves nothing to release; the box is ours.
-        drop(unsafe { Box::from_raw(view) });
-        return Err(PyErr::fetch(obj.py()));
-    }
-    // SAFETY: from `Box::into_raw`, filled by a successful `PyObject_GetBuffer`, released by
-    // nobody else.
-    Ok(unsafe { HeldBuffer::new(NonNull::new(view).expect("Box::into_raw is never null")) })
+fn get(obj: &Bound<'_, PyAny>) -> PyResult<Arc<HeldBuffer>> {
+    HeldBuffer::get(obj, PYBUF_STRIDES | PYBUF_FORMAT)
 }
 
 /// The tensor a held buffer describes, zero-copy; the buffer is released when the last
 /// clone of the tensor is dropped.
-pub(crate) fn tensor(held: HeldBuffer) -> Result<Tensor> {
+pub(crate) fn tensor(held: Arc<HeldBuffer>) -> Result<Tensor> {
     let view = held.view();
     if !view.suboffsets.is_null() {
         return Err(Error::Suboffsets);
@@ -147,5 +136,5 @@ pub(crate) fn tensor(held: HeldBuffer) -> Result<Tensor> {
     // the bytes the layout reaches are the ones the exporter described. Concurrent writes
     // by Python code while a host view reads are the same hazard as with NumPy views, which
     // the Python caller rules out by not mutating the exporter meanwhile.
-    Ok(unsafe { Tensor::from_descriptor(desc, Arc::new(held)) })
+    Ok(unsafe { Tensor::from_descriptor(desc, held) })
 }

@@ -1,7 +1,5 @@
 //! Any Python object -> [`Tensor`], trying the protocols in a fixed order.
 
-use std::sync::Arc;
-
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString};
@@ -30,20 +28,24 @@ const MAX_VERSION: (u32, u32) = (1, 3);
 /// 1. `stream`, when it names a stream (neither `None` nor `-1`), is a live stream of the
 ///    device the tensor turns out to be on (its primary context), for the call and for as
 ///    long as the returned tensor or a clone of it lives.
+#[inline]
 pub(crate) unsafe fn import(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Result<Tensor> {
     // SAFETY: forwarded obligation 1.
-    settle(unsafe { import_unsettled(obj, stream) }?)
+    let mut t = unsafe { import_unsettled(obj, stream) }?;
+    settle(&mut t)?;
+    Ok(t)
 }
 
 /// A readiness that names a stream only on this thread, or only with this thread's current
 /// device, becomes an event recorded now, so the tensor can cross threads (Views do): the
 /// per-thread default stream (`2`), and default streams of pinned and managed memory (whose
-/// device names no GPU). Anything else is kept as it is.
-pub(crate) fn settle(t: Tensor) -> Result<Tensor> {
+/// device names no GPU). Anything else is kept as it is. In place: a `Tensor` is a few
+/// hundred bytes, and most imports need no settling (no copy for them).
+pub(crate) fn settle(t: &mut Tensor) -> Result<()> {
     if needs_settling(t.ready(), t.device().kind) {
-        return Ok(tensorbridge_cuda::record_ready(&t)?);
+        *t = tensorbridge_cuda::record_ready(t)?;
     }
-    Ok(t)
+    Ok(())
 }
 
 /// Whether [`settle`] would turn `ready` into an event for memory on a `kind` device: the
@@ -416,20 +418,28 @@ unsafe fn from_exchange(
     let borrowed = if info.torch { api.dltensor(obj)? } else { None };
     let t = match borrowed {
         Some(dl) => {
+            // The description goes straight into the tensor, made before the questions below
+            // (a `Tensor` is a few hundred bytes: a binding in between costs a copy); a
+            // refusal below drops it, which drops only the new reference to `obj`.
+            let owner = KeepAlive::owner(obj.clone().unbind(), None);
             // SAFETY: `dl`'s shape and strides are the producer's arrays, unchanged while
             // `obj` is and nothing else runs (read right here, before any Python call).
-            let desc = unsafe {
+            let described = unsafe {
                 tensorbridge_dlpack::describe_borrowed(&dl, api.version(), Access::ReadWrite)
-            }?;
-            if !exchange::eligible(obj, info, Some(desc.dtype().code() == DTypeCode::Complex))? {
+            };
+            let t = described.map(|desc| {
+                // SAFETY:
+                // - 1 and 2: the memory is the tensor object's storage, which the object
+                //   keeps alive (and PyTorch writable) as long as it lives; the owner holds
+                //   the object, as PyTorch's own owning export holds its `TensorImpl` (see
+                //   above);
+                // - 3 and 4: the readiness is set below (the producer's current work stream).
+                unsafe { Tensor::from_descriptor(desc, owner) }
+            })?;
+            if !exchange::eligible(obj, info, Some(t.dtype().code() == DTypeCode::Complex))? {
                 return Ok(None);
             }
-            // SAFETY:
-            // - 1 and 2: the memory is the tensor object's storage, which the object keeps
-            //   alive (and PyTorch writable) as long as it lives; the owner holds the object,
-            //   as PyTorch's own owning export holds its `TensorImpl` (see above);
-            // - 3 and 4: the readiness is set below (the producer's current work stream).
-            unsafe { Tensor::from_descriptor(desc, KeepAlive::owner(obj.clone().unbind(), None)) }
+            t
         }
         None => {
             if !exchange::eligible(obj, info, None)? {
@@ -569,7 +579,7 @@ fn from_array_interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>) -> Result
     one_byte_float(obj, &mut ai.typestr, &mut ai.descr);
     let options = void_options(obj, ai.typestr);
     let validated = ai.import(&options)?;
-    let inner = held.map(|h| Arc::new(h) as Owner);
+    let inner = held.map(|h| h as Owner);
     let owner = KeepAlive::owner(obj.clone().unbind(), inner);
     // SAFETY:
     // - 1 and 2: the exporter's memory stays valid while it lives (the interface's contract;

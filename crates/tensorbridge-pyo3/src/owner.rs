@@ -14,13 +14,14 @@
 //! alive until some unrelated call.
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, gc::PyVisit};
 use tensorbridge::Owner;
 
 use crate::attach::attached;
-use crate::ffi::{Py_buffer, PyBuffer_Release};
+use crate::ffi::{Py_buffer, PyBuffer_Release, PyObject_GetBuffer};
 
 /// Releases a Python reference now: the real GIL held, so the object is freed at once (not
 /// queued in pyo3's pool). Leaks it when the interpreter is gone.
@@ -152,42 +153,56 @@ pub(crate) fn visit_owner(owner: &Owner, visit: &PyVisit<'_>) -> Result<(), PyTr
 
 /// A buffer held through the buffer protocol: released (`PyBuffer_Release`) once, when the
 /// last tensor using it is dropped.
+///
+/// The `Py_buffer` lives inside the owner's own allocation (an `Arc`, made before
+/// `PyObject_GetBuffer` fills the struct and never moved after): exporters may point `shape`
+/// into the struct itself (`PyBuffer_FillInfo` points it at `len`), and one allocation serves
+/// both the struct and the owner.
 pub(crate) struct HeldBuffer {
-    /// Boxed before `PyObject_GetBuffer` fills it and never moved: exporters may point
-    /// `shape` into the struct itself (`PyBuffer_FillInfo` points it at `len`).
-    view: NonNull<Py_buffer>,
+    view: Py_buffer,
+    /// `PyObject_GetBuffer` filled `view`: it is released on drop.
+    filled: bool,
 }
 
 impl HeldBuffer {
-    /// Takes over a filled buffer view.
-    ///
-    /// # Safety
-    /// 1. `view` came from `Box::into_raw`, and `PyObject_GetBuffer` filled it successfully;
-    ///    nothing else releases it or frees the box.
-    pub(crate) unsafe fn new(view: NonNull<Py_buffer>) -> HeldBuffer {
-        HeldBuffer { view }
+    /// `PyObject_GetBuffer(obj, flags)` into a new held buffer, or the exporter's error
+    /// (the struct, unfilled, is then freed without a release).
+    pub(crate) fn get(obj: &Bound<'_, PyAny>, flags: std::ffi::c_int) -> PyResult<Arc<HeldBuffer>> {
+        let mut held = Arc::new(HeldBuffer {
+            view: Py_buffer::zeroed(),
+            filled: false,
+        });
+        let unique = Arc::get_mut(&mut held).expect("a new Arc has no other reference");
+        // SAFETY: attached (we hold `obj`); `view` is a live, writable struct inside the
+        // `Arc`'s allocation, which never moves while the `Arc` (or a clone) lives.
+        let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &raw mut unique.view, flags) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        unique.filled = true;
+        Ok(held)
     }
 
     /// The filled struct.
     pub(crate) fn view(&self) -> &Py_buffer {
-        // SAFETY: the box is live until `drop` and only read through shared references.
-        unsafe { self.view.as_ref() }
+        &self.view
     }
 }
 
 impl Drop for HeldBuffer {
     fn drop(&mut self) {
-        let view = self.view.as_ptr();
-        let released = attached(|_gil| {
+        if !self.filled {
+            return;
+        }
+        let view = &raw mut self.view;
+        // If the interpreter is gone, the view is not released (the exporter's reference is
+        // leaked rather than touched); the struct is our memory and goes with the `Arc`.
+        attached(|_gil| {
             // SAFETY: the GIL is held (the `Gil` proof); `view` was filled by
-            // `PyObject_GetBuffer` (`new`'s obligation 1) and is released exactly once, here.
+            // `PyObject_GetBuffer` (`filled`) and is released exactly once, here, at the
+            // address it was filled at.
             unsafe { PyBuffer_Release(view) };
         });
-        if released.is_some() {
-            // SAFETY: the box came from `Box::into_raw` (obligation 1) and is freed once.
-            drop(unsafe { Box::from_raw(view) });
-        }
-        // Otherwise the interpreter is gone: leak the view rather than touch it.
     }
 }
 

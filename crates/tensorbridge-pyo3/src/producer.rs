@@ -337,7 +337,8 @@ unsafe extern "C" fn managed_tensor_to_py_object_no_sync(
         };
         // Pinned and managed memory: the legacy stream of this thread's current device
         // becomes an event, so the view can cross threads.
-        let t = crate::import::settle(t)?;
+        let mut t = t;
+        crate::import::settle(&mut t)?;
         let view = Bound::new(py, View::new(t))?;
         // SAFETY: as above; the caller owns the new reference.
         unsafe { out.write(view.into_ptr().cast()) };

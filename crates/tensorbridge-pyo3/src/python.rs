@@ -163,7 +163,8 @@ fn from_ptr_impl(
         // it lives as long as the view (documented above).
         let placeholder = unsafe { Tensor::from_descriptor(desc.clone(), std::sync::Arc::new(())) };
         // SAFETY: as above.
-        let settled = crate::import::settle(unsafe { placeholder.with_ready(ready) })?;
+        let mut settled = unsafe { placeholder.with_ready(ready) };
+        crate::import::settle(&mut settled)?;
         settled.ready().clone()
     } else {
         ready
