@@ -175,25 +175,9 @@ def read_capsule(capsule) -> CapsuleInfo:
     ptr = _GetPointer(capsule, name.encode())
     if name == "dltensor_versioned":
         m = DLManagedTensorVersioned.from_address(ptr)
-        version, flags, t = (m.version.major, m.version.minor), int(m.flags), m.dl_tensor
-    else:
-        m = DLManagedTensor.from_address(ptr)
-        version, flags, t = None, 0, m.dl_tensor
-    ndim = t.ndim
-    shape = tuple(t.shape[i] for i in range(ndim)) if ndim and t.shape else ()
-    strides = tuple(t.strides[i] for i in range(ndim)) if (ndim and t.strides) else (None if ndim else ())
-    return CapsuleInfo(
-        name=name,
-        versioned=version is not None,
-        version=version,
-        flags=flags,
-        data=t.data or 0,
-        byte_offset=int(t.byte_offset),
-        device=(t.device.device_type, t.device.device_id),
-        dtype=(t.dtype.code, t.dtype.bits, t.dtype.lanes),
-        shape=shape,
-        strides=strides,
-    )
+        return _tensor_info(name, (m.version.major, m.version.minor), int(m.flags), m.dl_tensor)
+    m = DLManagedTensor.from_address(ptr)
+    return _tensor_info(name, None, 0, m.dl_tensor)
 
 
 _KEEP: dict = {}
