@@ -63,31 +63,15 @@ pub fn export_legacy(tensor: &Tensor, read_only: ReadOnlyPolicy) -> Result<legac
 /// Builds the managed struct inside one boxed [`ExportCtx`]; `flags` are ignored by the
 /// legacy struct, which has none.
 fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<M>, Error> {
-    let (device_type, device_id) = tensor.device().to_dlpack()?;
-    let rank = tensor.ndim();
-    let ndim = i32::try_from(rank).map_err(|_| Error::RankTooLarge { ndim: rank })?;
-    let dtype = tensor.dtype();
-    // `kept` is the clone in the box (offset folded where the device has addresses); the
-    // pointers aim at the box's shown dimensions, a copy of its layout that nothing moves
-    // until the deleter frees the box. Never null, rank 0 included ("always emit strides").
-    let describe = |kept: &Tensor, shape: *mut i64, strides: *mut i64| DLTensor {
-        // Exposed provenance: the tensor's address came from an exposed pointer (or is a
-        // handle on devices without addresses, never dereferenced here).
-        data: ptr::with_exposed_provenance_mut(kept.data()),
-        device: DLDevice {
-            // Known codes are 1 to 18; see `import::describe` for the `u32`.
-            device_type: DLDeviceType(device_type as u32),
-            device_id,
-        },
-        ndim,
-        dtype: DLDataType {
-            code: DLDataTypeCode(dtype.code().code()),
-            bits: dtype.bits(),
-            lanes: dtype.lanes(),
-        },
+    let head = borrowed_dltensor(tensor)?;
+    // `kept` is the clone in the box (offset folded where the device has addresses, as in
+    // `head`); the pointers aim at the box's shown dimensions, a copy of its layout that
+    // nothing moves until the deleter frees the box. Never null, rank 0 included ("always
+    // emit strides").
+    let describe = |_kept: &Tensor, shape: *mut i64, strides: *mut i64| DLTensor {
         shape,
         strides,
-        byte_offset: kept.byte_offset(),
+        ..head
     };
     let raw = ExportCtx::<M>::boxed(tensor, flags, describe);
     // SAFETY: `raw` points to an initialised managed struct that we own alone. Its data stays
@@ -100,5 +84,42 @@ fn export<M: Exportable>(tensor: &Tensor, flags: DlpackFlags) -> Result<Managed<
     unsafe { Managed::from_raw(raw.as_ptr()) }.map_err(|_| Error::UnsupportedMajorVersion {
         found: DLPackVersion::CURRENT.major,
         expected: DLPACK_MAJOR_VERSION,
+    })
+}
+
+/// The `DLTensor` of `t`, borrowing its shape and strides: device, rank and dtype in DLPack's
+/// codes, and the byte offset folded into the data pointer where the device has addresses
+/// (as every export from this crate shows it). `shape` and `strides` point into `t` (never
+/// null, rank 0 included: DLPack 1.2+ requires strides) and stay valid while `t` is neither
+/// moved nor dropped; consumers only read them. Fails for an ordinal or a rank DLPack
+/// cannot carry.
+pub fn borrowed_dltensor(t: &Tensor) -> Result<DLTensor, Error> {
+    let (device_type, device_id) = t.device().to_dlpack()?;
+    let rank = t.ndim();
+    let ndim = i32::try_from(rank).map_err(|_| Error::RankTooLarge { ndim: rank })?;
+    let (data, byte_offset) = if t.device().kind.has_addresses() {
+        (t.data_ptr(), 0)
+    } else {
+        (t.data(), t.byte_offset())
+    };
+    let dtype = t.dtype();
+    Ok(DLTensor {
+        // Exposed provenance: the tensor's address came from an exposed pointer (or is a
+        // handle on devices without addresses, never dereferenced here).
+        data: ptr::with_exposed_provenance_mut(data),
+        device: DLDevice {
+            // Known codes are 1 to 18; see `import::describe` for the `u32`.
+            device_type: DLDeviceType(device_type as u32),
+            device_id,
+        },
+        ndim,
+        dtype: DLDataType {
+            code: DLDataTypeCode(dtype.code().code()),
+            bits: dtype.bits(),
+            lanes: dtype.lanes(),
+        },
+        shape: t.shape().as_ptr().cast_mut(),
+        strides: t.strides_elems().as_ptr().cast_mut(),
+        byte_offset,
     })
 }

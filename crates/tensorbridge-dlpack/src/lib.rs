@@ -88,7 +88,7 @@ pub mod ffi;
 mod import;
 
 pub use error::{Error, ImportError};
-pub use export::{ReadOnlyPolicy, export_legacy, export_versioned};
+pub use export::{ReadOnlyPolicy, borrowed_dltensor, export_legacy, export_versioned};
 pub use import::{Imported, describe_borrowed, import_legacy, import_versioned};
 
 // Thread safety of the public types, checked at compile time:

@@ -37,8 +37,8 @@ use pyo3::types::PyCapsule;
 use tensorbridge::{DeviceType, Packing, Ready, Stream, Tensor};
 use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
 use tensorbridge_dlpack::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensorVersioned,
-    DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLPackVersion, DLTensor,
+    DLDeviceType, DLManagedTensorVersioned, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION,
+    DLPackVersion, DLTensor,
 };
 use tensorbridge_dlpack::{export_versioned, import_versioned};
 
@@ -252,44 +252,11 @@ unsafe extern "C" fn dltensor_from_py_object_no_sync(
             });
         }
         refuse_negative_strides(t)?;
-        let borrowed = describe(t)?;
+        let borrowed = tensorbridge_dlpack::borrowed_dltensor(t)?;
         ready_on_legacy_default(t)?;
         // SAFETY: a writable `DLTensor` place (the header: "pre-allocated on stack").
         unsafe { out.write(borrowed) };
         Ok(())
-    })
-}
-
-/// The `DLTensor` of `t`, borrowing its shape and strides.
-fn describe(t: &Tensor) -> Result<DLTensor> {
-    let (device_type, device_id) = t.device().to_dlpack()?;
-    let rank = t.ndim();
-    let ndim =
-        i32::try_from(rank).map_err(|_| tensorbridge_dlpack::Error::RankTooLarge { ndim: rank })?;
-    let (data, byte_offset) = if t.device().kind.has_addresses() {
-        (t.data_ptr(), 0)
-    } else {
-        (t.data(), t.byte_offset())
-    };
-    let dtype = t.dtype();
-    Ok(DLTensor {
-        // Exposed provenance: the address came from an exposed pointer (or is a handle).
-        data: ptr::with_exposed_provenance_mut(data),
-        device: DLDevice {
-            // Known codes are 1 to 18: the cast keeps them.
-            device_type: DLDeviceType(device_type as u32),
-            device_id,
-        },
-        ndim,
-        dtype: DLDataType {
-            code: DLDataTypeCode(dtype.code().code()),
-            bits: dtype.bits(),
-            lanes: dtype.lanes(),
-        },
-        // Never null (rank 0 too: DLPack 1.2+ requires strides); read-only for consumers.
-        shape: t.shape().as_ptr().cast_mut(),
-        strides: t.strides_elems().as_ptr().cast_mut(),
-        byte_offset,
     })
 }
 
