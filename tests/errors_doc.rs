@@ -120,7 +120,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 const ENUMS: [(&str, &str, &str, usize); 5] = [
     (
         "tensorbridge",
-        "crates/tensorbridge/src/error.rs",
+        "crates/tensorbridge-core/src/error.rs",
         "Misaligned",
         30,
     ),

@@ -13,8 +13,11 @@ use crate::{Steps, cargo, root, run_status};
 /// Packages whose tests also run under Miri (`cargo +nightly miri test -p <pkg>`): unit
 /// tests, integration tests and doctests. Add a crate once its tests need no FFI (Miri cannot
 /// call CUDA, Python or libtorch); gate single tests that cannot run with `#[cfg(not(miri))]`.
-pub(crate) const MIRI_PACKAGES: &[&str] =
-    &["tensorbridge", "tensorbridge-dlpack", "tensorbridge-cai"];
+pub(crate) const MIRI_PACKAGES: &[&str] = &[
+    "tensorbridge-core",
+    "tensorbridge-dlpack",
+    "tensorbridge-cai",
+];
 
 /// Packages left out of the `--all-features` clippy run because one of their features needs
 /// CUDA, Python or libtorch at build time (say which beside each entry). None do: cudarc

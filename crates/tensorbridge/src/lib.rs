@@ -1,138 +1,56 @@
-//! The tensorbridge core: a validated, zero-copy description of tensor memory that someone
-//! else may own, and the shared model every adapter converts to and from.
+//! tensorbridge: zero-copy tensor hand-offs between Rust and the GPU/Python ecosystem, as one
+//! dependency.
 //!
-//! Adapter crates (DLPack, the CUDA Array Interface, cudarc, libtorch, Python) each convert
-//! one foreign representation into a [`Tensor`] and back; any pair of formats therefore
-//! converts through this crate. The core itself depends on no CUDA, libtorch or Python
-//! library.
+//! The core model ([`Tensor`], [`Descriptor`], [`DType`], [`Device`], [`Layout`], [`Ready`],
+//! the trust boundary [`RawTensor`]) is at the root; each adapter is a module behind the
+//! feature named after what it reaches:
 //!
-//! # The model
-//! - [`DType`]: every DLPack type code (ints, uints, floats, bfloat16, complex, bool, opaque,
-//!   the fp8/fp6/fp4 family) with bits and lanes; parsed from and printed as the names users
-//!   type (`"float32"`, `"bfloat16"`, `"float8_e4m3fn"`).
-//! - [`Device`]: every DLPack device type with its ordinal.
-//! - [`Layout`]: shape, strides **in elements** (negative and zero allowed), byte offset, and
-//!   the questions consumers ask (contiguity, density, span, [`Constraint`]s).
-//! - [`Access`], [`Ready`] (where data becomes ready: now, a producer [`Stream`], or an
-//!   adapter's [`ReadySignal`]) and the keep-alive [`Owner`].
-//!
-//! # The trust boundary
-//! Foreign descriptors arrive as a [`RawTensor`] (raw codes, borrowed shape and strides). Its
-//! one fallible conversion, [`RawTensor::validate`], checks rank agreement, overflow-free
-//! arithmetic, null data only when empty, alignment and the address span, and yields a
-//! [`Descriptor`]. [`Tensor::from_descriptor`] (the only constructor that trusts a pointer,
-//! hence `unsafe`) attaches the owner. After that, nothing can fail.
-//!
-//! Readiness crosses the same boundary. A [`Ready`], and the [`Stream`]s and
-//! [`StreamHandle`]s it names, is a plain value that safe code may make from any number, like
-//! a raw pointer; trusting it is `unsafe`. [`Tensor::with_ready`] attaches it, and its caller
-//! vouches that it is true (host views need [`Ready::Now`]) and that every stream it names is
-//! live (CUDA-aware adapters hand those streams to the driver from safe functions).
-//! [`ReadySignal::enqueue_wait`], which takes a consumer stream, is `unsafe` for the same
-//! reason.
-//!
-//! ```
-//! use tensorbridge::{Constraint, DType, Tensor};
-//!
-//! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
-//! assert_eq!(t.dtype(), "float32".parse::<DType>()?);
-//! assert!(t.layout().is_c_contiguous());
-//! t.layout().check(Constraint::RowMajor)?;
-//! let view = t.host_view::<f32>()?;
-//! assert_eq!(view.get(&[1, 2])?, 5.0);
-//! # Ok::<(), tensorbridge::Error>(())
+//! ```toml
+//! [dependencies]
+//! tensorbridge = { version = "0.1", features = ["pyo3", "cudarc"] }
 //! ```
 //!
-//! # Entry points of every adapter
-//! One scheme in every crate: `import` brings a foreign tensor into the core (a [`Tensor`]),
-//! `export` hands a [`Tensor`] out as a foreign one, and `view`/`lend` borrow for a scope.
-//! Safe functions have the short names; a variant that trusts a raw handle (a pointer, a
-//! stream integer) is `unsafe` and ends in `_raw`.
+//! | feature | module | what it adds |
+//! |---|---|---|
+//! | (none) | the root | the core: no CUDA, libtorch or Python library |
+//! | `dlpack` | [`dlpack`] | DLPack import/export (legacy and versioned) |
+//! | `cai` | [`cai`] | the CUDA Array Interface and NumPy's array interface |
+//! | `cuda` | [`cuda`], [`cudarc_crate`] | the CUDA driver layer; the cudarc it is built with |
+//! | `cudarc` | [`cudarc`] | cudarc slices <-> tensors, views and checked kernel arguments |
+//! | `tch` | [`tch`] | libtorch tensors through tch (needs libtorch when building) |
+//! | `pyo3` | [`pyo3`], [`pyo3_crate`] | any Python tensor in, `View`s out, your own kernel on framework tensors; the pyo3 it is built with |
 //!
-//! | crate | into the core (`Tensor`) | out of the core | borrowed for a scope | trusts a raw handle |
-//! |---|---|---|---|---|
-//! | `tensorbridge-dlpack` | `import_versioned`, `import_legacy` | `export_versioned`, `export_legacy` | | the imports (`unsafe`: a raw managed-tensor pointer) |
-//! | `tensorbridge-cai` | `CudaArrayInterface::import`, `ArrayInterface::import` | `CudaArrayInterface::export`, `ArrayInterface::export` | | |
-//! | `tensorbridge-cudarc` | `import`, `import_shaped` | `try_into_slice` | `lend`, `lend_shaped`, `view`, `view_mut`, `KernelArgs` | `Lent::make_ready_on_raw`, `Lent::join_raw` |
-//! | `tensorbridge-tch` | `import` | `export`, `export_with` | `with_current_stream` (libtorch's stream, for your kernel) | |
-//! | `tensorbridge-pyo3` | `import`, `AnyTensor` | `export` (a `View`) | `kernel_call` (the arguments and their framework's stream, for your kernel) | `import_on_raw` (a raw stream integer) |
-//! | `tensorbridge-cuda` (not an adapter) | | | | every `_raw` function: `handoff_raw`, `make_ready_on_raw`, `join_raw`, `CudaSignal::record_raw`, `wait_on_raw`, `retire_on_raw`, `with_stream_raw` |
-//!
-//! # Ownership
-//! A [`Tensor`] holds an [`Owner`] (`Arc<dyn Any + Send + Sync>`). Cloning the tensor clones
-//! the `Arc`; dropping the last clone drops the owner, which releases the memory exactly
-//! once (a DLPack deleter, a Python reference, a `Vec`).
-//!
-//! # Threads
-//! Every value type is `Send + Sync` (checked at compile time below, with the reason for
-//! each): tensors are shared across threads by cloning, and the last clone may drop on any
-//! thread, so owners must be `Send + Sync` too. The typed host views ([`HostView`],
-//! [`HostViewMut`], [`Iter`]) are neither: they hold raw pointers into the memory and borrow
-//! one tensor; make one per thread from a shared [`Tensor`].
-//!
-//! # Limitations
-//! - Host views read through raw pointers and need `T: Element`; packed fp6/fp4 tensors have
-//!   no typed view.
-//! - The core does not synchronise devices: [`Ready`] records where data becomes ready and
-//!   the CUDA-aware adapter orders streams.
+//! The foreign crates the kernel path needs are re-exported at the versions the adapters are
+//! built with ([`cudarc_crate`] is cudarc 0.19 with CUDA 13.0 bindings, [`pyo3_crate`] is
+//! pyo3 0.30), so a crate that takes them from here cannot end up with two versions of either.
+//! Each module is the adapter crate itself (`tensorbridge::dlpack` is `tensorbridge-dlpack`),
+//! whose documentation says what it converts, zero-copy or not, what happens to streams, who
+//! owns what, and its limitations.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod device;
-mod dtype;
-mod error;
-mod layout;
-mod stream;
-mod tensor;
-mod view;
+pub use tensorbridge_core::*;
 
-pub use device::{Device, DeviceType};
-pub use dtype::{DType, DTypeCode, Packing};
-pub use error::Error;
-pub use layout::{Constraint, Layout};
-pub use stream::{
-    Ready, ReadySignal, SignalError, Stream, StreamConvention, StreamHandle, StreamRequest,
-    stream_from_wire, stream_to_wire,
-};
-pub use tensor::{Access, Descriptor, Owner, RawTensor, Tensor};
-pub use view::{Bool8, Element, HostView, HostViewMut, Iter};
+#[cfg(feature = "cai")]
+pub use tensorbridge_cai as cai;
+#[cfg(feature = "cuda")]
+pub use tensorbridge_cuda as cuda;
+#[cfg(feature = "cudarc")]
+pub use tensorbridge_cudarc as cudarc;
+#[cfg(feature = "dlpack")]
+pub use tensorbridge_dlpack as dlpack;
+#[cfg(feature = "pyo3")]
+pub use tensorbridge_pyo3 as pyo3;
+#[cfg(feature = "tch")]
+pub use tensorbridge_tch as tch;
 
-// Thread safety of the public types, checked at compile time. Why each one may cross and be
-// shared between threads:
-// - `DType`, `DTypeCode`, `Packing`, `Device`, `DeviceType`, `Access`, `Constraint`, `Stream`,
-//   `StreamHandle`, `StreamRequest`, `StreamConvention`, `Bool8`: plain values (integers and
-//   enums); a `StreamHandle` is a number that names a stream and is never dereferenced here.
-// - `Layout`, `Descriptor`, `RawTensor`: plain data (inline or boxed integer vectors, borrowed
-//   slices for `RawTensor`); an address is a `usize`, not a pointer, so sharing one shares
-//   no access.
-// - `Tensor`: a descriptor, an `Owner` (`Arc<dyn Any + Send + Sync>`, so dropping the last
-//   clone on any thread is allowed by its type) and a `Ready` (its signal is
-//   `Arc<dyn ReadySignal>`, and `ReadySignal: Send + Sync`). Access to the memory goes
-//   through `unsafe` or checked views whose contracts cover concurrent use.
-// - `Error`, `SignalError`: plain data and strings.
-const _: () = {
-    const fn assert_send_sync<T: Send + Sync>() {}
-    assert_send_sync::<DType>();
-    assert_send_sync::<DTypeCode>();
-    assert_send_sync::<Packing>();
-    assert_send_sync::<Device>();
-    assert_send_sync::<DeviceType>();
-    assert_send_sync::<Access>();
-    assert_send_sync::<Constraint>();
-    assert_send_sync::<Stream>();
-    assert_send_sync::<StreamHandle>();
-    assert_send_sync::<StreamRequest>();
-    assert_send_sync::<StreamConvention>();
-    assert_send_sync::<Bool8>();
-    assert_send_sync::<Layout>();
-    assert_send_sync::<Descriptor>();
-    assert_send_sync::<RawTensor<'static>>();
-    assert_send_sync::<Tensor>();
-    assert_send_sync::<Ready>();
-    assert_send_sync::<Owner>();
-    assert_send_sync::<Error>();
-    assert_send_sync::<SignalError>();
-};
+/// The cudarc crate the CUDA layer and the cudarc adapter are built with (0.19, CUDA 13.0
+/// bindings, libcuda and libnvrtc loaded at run time): launch your kernels with these types.
+#[cfg(feature = "cuda")]
+pub use ::cudarc as cudarc_crate;
+/// The pyo3 crate the Python adapter is built with (0.30).
+#[cfg(feature = "pyo3")]
+pub use ::pyo3 as pyo3_crate;
 
 // The README's Rust snippets are compiled as doctests.
 #[cfg(doctest)]

@@ -1,7 +1,7 @@
 //! Layout queries against brute-force enumeration of element offsets.
 
 use proptest::prelude::*;
-use tensorbridge::{Constraint, DType, Error, Layout, RawTensor};
+use tensorbridge_core::{Constraint, DType, Error, Layout, RawTensor};
 use tensorbridge_testkit::{brute_offsets, byte_dtype, small_layout};
 
 proptest! {

@@ -2,7 +2,9 @@
 //! strides say, refusals are typed.
 
 use proptest::prelude::*;
-use tensorbridge::{Bool8, DType, Device, DeviceType, Error, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_core::{
+    Bool8, DType, Device, DeviceType, Error, RawTensor, Ready, Stream, Tensor,
+};
 use tensorbridge_testkit::{DropCounter, HostBuffer, all_indices, small_layout};
 
 proptest! {
@@ -28,6 +30,54 @@ proptest! {
         drop(t);
         prop_assert_eq!(counter.drops(), 1);
     }
+
+    /// `TensorRef::as_slice` is the same memory as the tensor (pointer equality) holding the
+    /// reference elements, for every C-contiguous layout, and refuses every other layout with
+    /// the constraint's error.
+    #[test]
+    fn as_slice_is_the_row_major_memory_or_refused((shape, strides) in small_layout(4)) {
+        let buf = HostBuffer::<f64>::new(&shape, &strides, |i| i as f64 - 3.0);
+        let expected = buf.expected_contiguous();
+        let counter = DropCounter::new();
+        let t = buf.into_tensor(&counter);
+        let row_major = t.layout().check(tensorbridge_core::Constraint::RowMajor).is_ok();
+        match t.as_ref().as_slice::<f64>() {
+            Ok(slice) => {
+                prop_assert!(row_major);
+                if !slice.is_empty() {
+                    prop_assert_eq!(slice.as_ptr() as usize, t.data_ptr());
+                }
+                prop_assert_eq!(slice.to_vec(), expected);
+            }
+            Err(e) => {
+                prop_assert!(!row_major);
+                let is_not_row_major = matches!(e, Error::NotRowMajor { .. });
+                prop_assert!(is_not_row_major, "{e:?}");
+            }
+        }
+        drop(t);
+        prop_assert_eq!(counter.drops(), 1);
+    }
+}
+
+#[test]
+fn as_slice_refuses_what_host_view_refuses() {
+    let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    assert!(matches!(
+        t.as_ref().as_slice::<i32>(),
+        Err(Error::DTypeMismatch { .. })
+    ));
+    assert_eq!(t.as_ref().as_slice::<f32>().unwrap(), &[1.0, 2.0]);
+    let cuda = RawTensor::new(0x1000, Device::cuda(0), DType::FLOAT32, &[2])
+        .validate()
+        .unwrap();
+    let ready = Ready::Now;
+    // SAFETY: nothing reads the address: the refusal comes first.
+    let r = unsafe { tensorbridge_core::TensorRef::from_parts(&cuda, &ready) };
+    assert!(matches!(
+        r.as_slice::<f32>(),
+        Err(Error::NotHostAccessible { .. })
+    ));
 }
 
 #[test]

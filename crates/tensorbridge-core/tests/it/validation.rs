@@ -2,7 +2,7 @@
 //! and rejects overflow instead of wrapping.
 
 use proptest::prelude::*;
-use tensorbridge::{DType, Error, RawTensor};
+use tensorbridge_core::{DType, Error, RawTensor};
 use tensorbridge_testkit::{any_raw, valid_raw};
 
 proptest! {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use tensorbridge::{DType, RawTensor, Ready, Tensor};
+use tensorbridge_core::{DType, RawTensor, Ready, Tensor};
 use tensorbridge_testkit::{DropCounter, FakeSignal};
 
 proptest! {

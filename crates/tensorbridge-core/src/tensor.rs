@@ -573,11 +573,11 @@ impl Tensor {
     /// it is what vouches for it:
     ///
     /// ```compile_fail,E0133
-    /// use tensorbridge::{Ready, Stream, StreamHandle, Tensor};
+    /// use tensorbridge_core::{Ready, Stream, StreamHandle, Tensor};
     /// let t = Tensor::from_vec(vec![1.0f32], &[1])?;
     /// let made_up = Stream::Handle(StreamHandle::new(0xdead).unwrap()); // fine: a number
     /// let t = t.with_ready(Ready::Stream(made_up)); // refused: trusting it is `unsafe`
-    /// # Ok::<(), tensorbridge::Error>(())
+    /// # Ok::<(), tensorbridge_core::Error>(())
     /// ```
     ///
     /// # Safety
@@ -622,7 +622,7 @@ impl Tensor {
     ///
     /// ```
     /// use std::mem::MaybeUninit;
-    /// use tensorbridge::Tensor;
+    /// use tensorbridge_core::Tensor;
     ///
     /// let t = Tensor::from_vec(vec![1u8, 2, 3], &[3])?;
     /// let mut slot = Box::new(MaybeUninit::<Tensor>::uninit());
@@ -633,7 +633,7 @@ impl Tensor {
     /// // SAFETY: initialised by `clone_into_uninit` above, and taken out once.
     /// let copy = unsafe { slot.assume_init_read() };
     /// drop(copy);
-    /// # Ok::<(), tensorbridge::Error>(())
+    /// # Ok::<(), tensorbridge_core::Error>(())
     /// ```
     #[inline]
     pub fn clone_into_uninit<'a>(
@@ -667,16 +667,22 @@ impl Tensor {
         unsafe { &mut *dst }
     }
 
-    /// A typed read-only view over host memory.
+    /// The description and readiness, borrowed for as long as `self` is: what ordering,
+    /// device views and host views need, without an owner of their own.
+    #[inline]
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        TensorRef {
+            desc: &self.desc,
+            ready: &self.ready,
+        }
+    }
+
+    /// A typed read-only view over host memory ([`TensorRef::host_view`]).
     ///
     /// Fails unless the memory is host-accessible, `T` matches the dtype, and the data is
     /// ready ([`Ready::Now`]; synchronise through the adapter that made the tensor first).
     pub fn host_view<T: Element>(&self) -> Result<HostView<'_, T>, Error> {
-        self.check_host::<T>()?;
-        // SAFETY: `check_host` established host accessibility, dtype agreement (so `T`'s
-        // size and alignment match the validated layout) and readiness; the owner guarantees
-        // validity of the span for reads while `self` is borrowed.
-        Ok(unsafe { HostView::new(self) })
+        self.as_ref().host_view()
     }
 
     /// A typed writable view over host memory.
@@ -685,31 +691,132 @@ impl Tensor {
     /// 1. While the view lives, nothing else reads or writes the tensor's bytes: no other
     ///    view of this tensor or of a clone, no foreign code.
     pub unsafe fn host_view_mut<T: Element>(&self) -> Result<HostViewMut<'_, T>, Error> {
-        if self.is_readonly() {
+        // SAFETY: forwarded obligation 1.
+        unsafe { self.as_ref().host_view_mut() }
+    }
+}
+
+/// A tensor borrowed for `'a`: its validated description and its readiness, with the memory
+/// kept valid by whatever the borrow is of (a [`Tensor`]'s owner through [`Tensor::as_ref`],
+/// or an adapter's argument pinned for one call) instead of an owner of its own.
+///
+/// What work that ends within `'a` needs (ordering a stream, device views for a launch, host
+/// views); work that may outlive `'a` (an export, memory retired on a stream) takes a
+/// [`Tensor`]. `Copy`: two references.
+#[derive(Clone, Copy)]
+pub struct TensorRef<'a> {
+    desc: &'a Descriptor,
+    ready: &'a Ready,
+}
+
+impl<'a> TensorRef<'a> {
+    /// A borrowed tensor over `desc`, ready per `ready`.
+    ///
+    /// # Safety
+    /// The caller guarantees, for `'a`:
+    /// 1. [span] every byte of `desc.byte_span()` is valid memory on `desc.device()`,
+    ///    readable, and writable too when `desc.access()` is [`Access::ReadWrite`];
+    /// 2. [no-race] obligation 2 of [`Tensor::from_descriptor`];
+    /// 3. [ready] obligations 1 to 3 of [`Tensor::with_ready`] for `ready`.
+    #[inline]
+    pub unsafe fn from_parts(desc: &'a Descriptor, ready: &'a Ready) -> TensorRef<'a> {
+        TensorRef { desc, ready }
+    }
+
+    /// The validated description.
+    #[inline]
+    pub fn descriptor(&self) -> &'a Descriptor {
+        self.desc
+    }
+
+    /// Where the data becomes ready.
+    #[inline]
+    pub fn ready(&self) -> &'a Ready {
+        self.ready
+    }
+
+    /// A typed read-only view over host memory, for `'a`.
+    ///
+    /// Fails unless the memory is host-accessible, `T` matches the dtype, and the data is
+    /// ready ([`Ready::Now`]).
+    pub fn host_view<T: Element>(&self) -> Result<HostView<'a, T>, Error> {
+        self.check_host::<T>()?;
+        // SAFETY: `check_host` established host accessibility, dtype agreement (so `T`'s
+        // size and alignment match the validated layout) and readiness; the borrow keeps the
+        // span valid for reads for `'a` (`from_parts` obligations 1 and 2, or the owner of
+        // the tensor this was borrowed from).
+        Ok(unsafe { HostView::new(self.desc) })
+    }
+
+    /// The elements of a C-contiguous host tensor as a slice, for `'a`: what summing or
+    /// copying them wants (an iterator over a strided view computes each element's offset).
+    /// Fails as [`host_view`](Self::host_view) does, and when the
+    /// layout is not C-contiguous ([`Error::NotRowMajor`]).
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T], Error> {
+        self.check_host::<T>()?;
+        self.desc.layout().check(crate::Constraint::RowMajor)?;
+        let len = usize::try_from(self.desc.numel()).map_err(|_| Error::Overflow {
+            what: "number of elements",
+        })?;
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: host-accessible, ready, of dtype `T` (checked), C-contiguous (checked), so
+        // the `len` elements from `data_ptr()` are the span, valid and unwritten by others for
+        // `'a` (as in `host_view`); `data_ptr()` is non-null (validation refuses null data
+        // with elements) and aligned for `T` (validated alignment, `Element` obligation 2).
+        Ok(unsafe { std::slice::from_raw_parts(self.desc.data_ptr() as *const T, len) })
+    }
+
+    /// A typed writable view over host memory, for `'a`.
+    ///
+    /// # Safety
+    /// 1. While the view lives, nothing else reads or writes the tensor's bytes: no other
+    ///    view of this tensor or of a clone, no foreign code.
+    pub unsafe fn host_view_mut<T: Element>(&self) -> Result<HostViewMut<'a, T>, Error> {
+        if self.desc.is_readonly() {
             return Err(Error::ReadOnly);
         }
         self.check_host::<T>()?;
-        // SAFETY: as in `host_view`, plus write access (checked just above: the owner vouched
-        // for writes) and exclusivity (caller obligation 1).
-        Ok(unsafe { HostViewMut::new(self) })
+        // SAFETY: as in `host_view`, plus write access (checked just above: whoever vouched
+        // for the memory vouched for writes) and exclusivity (caller obligation 1).
+        Ok(unsafe { HostViewMut::new(self.desc) })
     }
 
     fn check_host<T: Element>(&self) -> Result<(), Error> {
-        if !self.device().kind.is_host_accessible() {
+        if !self.desc.device().kind.is_host_accessible() {
             return Err(Error::NotHostAccessible {
-                device: self.device(),
+                device: self.desc.device(),
             });
         }
-        if T::DTYPE != self.dtype() {
+        if T::DTYPE != self.desc.dtype() {
             return Err(Error::DTypeMismatch {
                 expected: T::DTYPE,
-                found: self.dtype(),
+                found: self.desc.dtype(),
             });
         }
         if !self.ready.is_now() {
             return Err(Error::NotReady);
         }
         Ok(())
+    }
+}
+
+impl Deref for TensorRef<'_> {
+    type Target = Descriptor;
+
+    #[inline]
+    fn deref(&self) -> &Descriptor {
+        self.desc
+    }
+}
+
+impl fmt::Debug for TensorRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorRef")
+            .field("desc", self.desc)
+            .field("ready", self.ready)
+            .finish()
     }
 }
 

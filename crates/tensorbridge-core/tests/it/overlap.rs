@@ -2,7 +2,7 @@
 //! brute-force enumeration of element offsets and byte spans.
 
 use proptest::prelude::*;
-use tensorbridge::{Constraint, DType, Device, Error, Layout, RawTensor};
+use tensorbridge_core::{Constraint, DType, Device, Error, Layout, RawTensor};
 use tensorbridge_testkit::{brute_offsets, small_layout};
 
 proptest! {
@@ -68,7 +68,7 @@ proptest! {
             strides: Some(&b_strides),
             ..RawTensor::new(base + b_off * 4, Device::cuda(0), DType::FLOAT32, &b_shape)
         }.validate().unwrap();
-        let bytes = |d: &tensorbridge::Descriptor, shape: &[i64], strides: &[i64]| -> Vec<usize> {
+        let bytes = |d: &tensorbridge_core::Descriptor, shape: &[i64], strides: &[i64]| -> Vec<usize> {
             brute_offsets(shape, strides)
                 .into_iter()
                 .flat_map(|o| {

@@ -1,7 +1,7 @@
 //! Names users type for dtypes and devices, printed and parsed.
 
 use proptest::prelude::*;
-use tensorbridge::{DType, Device, DeviceType};
+use tensorbridge_core::{DType, Device, DeviceType};
 use tensorbridge_testkit::{device_code, dtype};
 
 /// Arbitrary short strings, biased towards the characters names are made of. Built from

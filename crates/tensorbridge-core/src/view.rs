@@ -3,7 +3,9 @@
 
 use std::marker::PhantomData;
 
-use crate::{DType, Error, Tensor};
+#[cfg(doc)]
+use crate::Tensor;
+use crate::{DType, Descriptor, Error};
 
 /// A Rust type that can stand for a tensor element of dtype [`Element::DTYPE`].
 ///
@@ -70,16 +72,17 @@ unsafe impl Element for Bool8 {
     const DTYPE: DType = DType::BOOL;
 }
 
-/// What both view kinds share: the first element's pointer and the tensor it came from.
+/// What both view kinds share: the first element's pointer and the description it came from.
 struct Strided<'a, T> {
-    tensor: &'a Tensor,
+    tensor: &'a Descriptor,
     first: *mut T,
 }
 
 impl<'a, T: Element> Strided<'a, T> {
     /// # Safety
-    /// 1. `tensor` is host-accessible, ready, and its dtype is `T::DTYPE`.
-    unsafe fn new(tensor: &'a Tensor) -> Self {
+    /// 1. `tensor` is host-accessible, ready, and its dtype is `T::DTYPE`; its span stays
+    ///    valid for `'a` (a [`Tensor`]'s owner or a [`TensorRef`](crate::TensorRef)'s borrow).
+    unsafe fn new(tensor: &'a Descriptor) -> Self {
         Strided {
             tensor,
             first: tensor.data_ptr() as *mut T,
@@ -136,8 +139,9 @@ pub struct HostView<'a, T> {
 
 impl<'a, T: Element> HostView<'a, T> {
     /// # Safety
-    /// 1. `tensor` is host-accessible, ready, and its dtype is `T::DTYPE`.
-    pub(crate) unsafe fn new(tensor: &'a Tensor) -> Self {
+    /// 1. `tensor` is host-accessible, ready, and its dtype is `T::DTYPE`; its span stays
+    ///    valid and unwritten by others for `'a`.
+    pub(crate) unsafe fn new(tensor: &'a Descriptor) -> Self {
         HostView {
             // SAFETY: forwarded caller obligation 1.
             inner: unsafe { Strided::new(tensor) },
@@ -171,8 +175,9 @@ pub struct HostViewMut<'a, T> {
 impl<'a, T: Element> HostViewMut<'a, T> {
     /// # Safety
     /// 1. `tensor` is host-accessible, writable, ready, and its dtype is `T::DTYPE`;
-    /// 2. nothing else reads or writes its bytes while the view lives.
-    pub(crate) unsafe fn new(tensor: &'a Tensor) -> Self {
+    /// 2. nothing else reads or writes its bytes while the view lives; its span stays valid
+    ///    for `'a`.
+    pub(crate) unsafe fn new(tensor: &'a Descriptor) -> Self {
         HostViewMut {
             // SAFETY: forwarded caller obligation 1.
             inner: unsafe { Strided::new(tensor) },
