@@ -714,10 +714,10 @@ impl<'a> TensorRef<'a> {
     ///
     /// # Safety
     /// The caller guarantees, for `'a`:
-    /// 1. [span] every byte of `desc.byte_span()` is valid memory on `desc.device()`,
+    /// 1. \[span\] every byte of `desc.byte_span()` is valid memory on `desc.device()`,
     ///    readable, and writable too when `desc.access()` is [`Access::ReadWrite`];
-    /// 2. [no-race] obligation 2 of [`Tensor::from_descriptor`];
-    /// 3. [ready] obligations 1 to 3 of [`Tensor::with_ready`] for `ready`.
+    /// 2. \[no-race\] obligation 2 of [`Tensor::from_descriptor`];
+    /// 3. \[ready\] obligations 1 to 3 of [`Tensor::with_ready`] for `ready`.
     #[inline]
     pub unsafe fn from_parts(desc: &'a Descriptor, ready: &'a Ready) -> TensorRef<'a> {
         TensorRef { desc, ready }
