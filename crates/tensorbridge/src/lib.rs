@@ -13,15 +13,15 @@
 //! | feature | module | what it adds |
 //! |---|---|---|
 //! | (none) | the root | the core: no CUDA, libtorch or Python library |
-//! | `dlpack` | [`dlpack`] | DLPack import/export (legacy and versioned) |
-//! | `cai` | [`cai`] | the CUDA Array Interface and NumPy's array interface |
-//! | `cuda` | [`cuda`], [`cudarc_crate`] | the CUDA driver layer; the cudarc it is built with |
-//! | `cudarc` | [`cudarc`] | cudarc slices <-> tensors, views and checked kernel arguments |
-//! | `tch` | [`tch`] | libtorch tensors through tch (needs libtorch when building) |
-//! | `pyo3` | [`pyo3`], [`pyo3_crate`] | any Python tensor in, `View`s out, your own kernel on framework tensors; the pyo3 it is built with |
+//! | `dlpack` | `tensorbridge::dlpack` | DLPack import/export (legacy and versioned) |
+//! | `cai` | `tensorbridge::cai` | the CUDA Array Interface and NumPy's array interface |
+//! | `cuda` | `tensorbridge::cuda`, `tensorbridge::cudarc_crate` | the CUDA driver layer; the cudarc it is built with |
+//! | `cudarc` | `tensorbridge::cudarc` | cudarc slices <-> tensors, views and checked kernel arguments |
+//! | `tch` | `tensorbridge::tch` | libtorch tensors through tch (needs libtorch when building) |
+//! | `pyo3` | `tensorbridge::pyo3`, `tensorbridge::pyo3_crate` | any Python tensor in, `View`s out, your own kernel on framework tensors; the pyo3 it is built with |
 //!
 //! The foreign crates the kernel path needs are re-exported at the versions the adapters are
-//! built with ([`cudarc_crate`] is cudarc 0.19 with CUDA 13.0 bindings, [`pyo3_crate`] is
+//! built with (`cudarc_crate` is cudarc 0.19 with CUDA 13.0 bindings, `pyo3_crate` is
 //! pyo3 0.30), so a crate that takes them from here cannot end up with two versions of either.
 //! Each module is the adapter crate itself (`tensorbridge::dlpack` is `tensorbridge-dlpack`),
 //! whose documentation says what it converts, zero-copy or not, what happens to streams, who
