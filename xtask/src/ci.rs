@@ -107,6 +107,9 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
         test.args(["--exclude", package]);
     }
     steps.cmd("test", &mut test)?;
+    // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
+    // libtorch it expects (`tch_range`).
+    crate::tch_range::run(steps, &venv)?;
     steps.cmd(
         "doc",
         torch_cargo()

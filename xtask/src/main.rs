@@ -9,6 +9,7 @@ mod bench;
 mod ci;
 mod demo;
 mod fuzz;
+mod tch_range;
 mod test_gpu;
 mod venv;
 
@@ -27,7 +28,9 @@ tasks:
   ci [--no-miri]
       The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
       --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
-      crate from the venv), the Python package
+      crate from the venv), tensorbridge-tch against the oldest and the newest tch it
+      accepts (tch_range::ENDS: each with its PyTorch, in target/tch-range), the Python
+      package
       (maturin wheel into target/wheels, installed into the environment; the pyo3 crate's
       tests; pytest crates/tensorbridge-python/tests without gpu/), then Miri on each
       package in ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src
