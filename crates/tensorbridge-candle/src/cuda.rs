@@ -249,7 +249,7 @@ pub(crate) fn export_leaked(
         len: usize,
         device: &candle_core::CudaDevice,
     ) -> CudaStorage {
-        // SAFETY (cudarc's `upgrade_device_ptr`): `ptr` is element 0 of a C-contiguous CUDA
+        // SAFETY: cudarc's `upgrade_device_ptr` obligations: `ptr` is element 0 of a C-contiguous CUDA
         // tensor of `len` elements of `T` on the stream's device, valid memory for as long as
         // the tensor's owner lives, which the caller keeps forever; the values are the
         // tensor's (any bit pattern is a valid `T` for candle's element types). The slice

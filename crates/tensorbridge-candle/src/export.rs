@@ -28,10 +28,11 @@ use crate::import::{CandleOwner, device_name};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn export(tensor: &Tensor) -> Result<candle_core::Tensor, Error> {
-    if let Some(CandleOwner(candle)) = tensor.owner().downcast_ref::<CandleOwner>() {
-        if tensor.access() == Access::ReadWrite && describes(tensor, candle)? {
-            return Ok(candle.clone());
-        }
+    if let Some(CandleOwner(candle)) = tensor.owner().downcast_ref::<CandleOwner>()
+        && tensor.access() == Access::ReadWrite
+        && describes(tensor, candle)?
+    {
+        return Ok(candle.clone());
     }
     Err(Error::NotZeroCopy {
         what: "a tensor that is not an unchanged import of a candle tensor",

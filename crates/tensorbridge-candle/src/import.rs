@@ -193,7 +193,7 @@ where
     };
     let desc = describe(tensor, &cpu_extent(cpu)?, Device::CPU, Access::ReadOnly)?;
     let ready = Ready::Now;
-    // SAFETY, for the lifetime of the borrows of `desc` and `ready` (this frame, which
+    // SAFETY: for the lifetime of the borrows of `desc` and `ready` (this frame, which
     // outlives `f`'s use of the reference):
     // - 1: the span is candle's layout inside the storage (checked), host memory the
     //   storage's `Vec` owns, which `storage` (a read guard) keeps in place and alive;

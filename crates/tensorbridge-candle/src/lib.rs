@@ -107,8 +107,8 @@ pub use import::{import, lend};
 #[cfg(doc)]
 use tensorbridge::Tensor;
 
-// Thread safety: `Error` is plain data and strings, and candle's error type, which is
-// `Send + Sync`.
+// `Send + Sync`, checked at compile time: `Error` is plain data and strings, and candle's
+// error type, which is `Send + Sync` itself.
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Error>();

@@ -75,7 +75,7 @@ use ndarray::{Array, ArrayView, ArrayViewMut};
 #[cfg(doc)]
 use tensorbridge::{Descriptor, Element, Tensor, TensorRef};
 
-// Thread safety: `Lent` holds a `Tensor` (Send + Sync, see the core) and a `PhantomData` of a
+// `Send + Sync`, checked at compile time: `Lent` holds a `Tensor` (Send + Sync, see the core) and a `PhantomData` of a
 // borrow of the array's elements, which is Send/Sync exactly when a reference to them is.
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}

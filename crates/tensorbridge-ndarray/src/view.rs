@@ -36,7 +36,7 @@ pub fn view_ref<'a, T: Element, D: Dimension>(
     // The core's checks: host-accessible, dtype `T`, ready.
     tensor.host_view::<T>()?;
     let parts = Parts::<T, D>::of(tensor.descriptor())?;
-    // SAFETY (ndarray's `from_shape_ptr` obligations):
+    // SAFETY: ndarray's `from_shape_ptr` obligations:
     // - the elements the shape and strides reach from `ptr` are exactly the tensor's elements
     //   (`Parts::of`: `ptr` is the element at the lowest address along every dimension with a
     //   negative stride, and the strides are the magnitudes), inside its validated byte span,
@@ -110,13 +110,13 @@ struct Parts<T, D> {
 impl<T: Element, D: Dimension> Parts<T, D> {
     fn of(desc: &Descriptor) -> Result<Self, Error> {
         let ndim = desc.ndim();
-        if let Some(expected) = D::NDIM {
-            if expected != ndim {
-                return Err(Error::RankMismatch {
-                    expected,
-                    found: ndim,
-                });
-            }
+        if let Some(expected) = D::NDIM
+            && expected != ndim
+        {
+            return Err(Error::RankMismatch {
+                expected,
+                found: ndim,
+            });
         }
         let overflow = |what| tensorbridge::Error::Overflow { what };
         let mut dim = D::zeros(ndim);

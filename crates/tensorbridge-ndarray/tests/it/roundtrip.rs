@@ -108,11 +108,11 @@ proptest! {
         let ptr = a.as_ptr() as usize;
         tensorbridge_ndarray::lend(&a.view(), |lent| {
             prop_assert!(lent.descriptor().is_readonly());
-            if a.len() > 0 {
+            if !a.is_empty() {
                 prop_assert_eq!(lent.descriptor().data_ptr(), ptr);
             }
             let back = tensorbridge_ndarray::view_ref::<i32, IxDyn>(lent.as_ref()).unwrap();
-            if a.len() > 0 {
+            if !a.is_empty() {
                 prop_assert_eq!(back.strides(), a.strides());
             }
             prop_assert_eq!(&back, &a.view());
