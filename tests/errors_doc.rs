@@ -1,5 +1,5 @@
 //! Keeps `docs/ERRORS.md` honest: every variant of the core, DLPack, CUDA Array Interface,
-//! CUDA layer and cudarc error enums has an entry (`Error::Name`) in its crate's section, with its message
+//! CUDA layer, cudarc, ndarray and candle error enums has an entry (`Error::Name`) in its crate's section, with its message
 //! template exactly as the `#[error]` attribute spells it. A variant added or a message changed
 //! without the document following fails here.
 //!
@@ -117,7 +117,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 }
 
 /// (crate, error.rs, a variant the scanner must find, the least number of variants).
-const ENUMS: [(&str, &str, &str, usize); 5] = [
+const ENUMS: [(&str, &str, &str, usize); 7] = [
     (
         "tensorbridge",
         "crates/tensorbridge-core/src/error.rs",
@@ -148,6 +148,18 @@ const ENUMS: [(&str, &str, &str, usize); 5] = [
         "OutsideSlice",
         3,
     ),
+    (
+        "tensorbridge-ndarray",
+        "crates/tensorbridge-ndarray/src/error.rs",
+        "RankMismatch",
+        2,
+    ),
+    (
+        "tensorbridge-candle",
+        "crates/tensorbridge-candle/src/error.rs",
+        "NotZeroCopy",
+        10,
+    ),
 ];
 
 #[test]
@@ -168,7 +180,8 @@ fn the_scanner_finds_every_variant() {
         assert!(
             found
                 .iter()
-                .all(|v| v.template.is_some() || ["Core", "Cuda"].contains(&v.name.as_str())),
+                .all(|v| v.template.is_some()
+                    || ["Core", "Cuda", "Candle"].contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"
         );
     }
