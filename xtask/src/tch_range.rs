@@ -41,17 +41,8 @@ pub(crate) fn run(steps: &mut Steps, managed: &Venv) -> Result<()> {
         let lock = LockRestore::save()?;
         steps.cmd(
             &format!("tch {tch}: pin in Cargo.lock"),
-            cargo().args([
-                "update",
-                "-p",
-                "tch",
-                "--precise",
-                tch,
-                "-p",
-                "torch-sys",
-                "--precise",
-                tch,
-            ]),
+            // torch-sys follows: each tch release requires its own.
+            cargo().args(["update", "-p", "tch", "--precise", tch]),
         )?;
         let tested = steps.cmd(
             &format!("tch {tch}: cargo test -p tensorbridge-tch (torch {torch})"),

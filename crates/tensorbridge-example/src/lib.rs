@@ -19,10 +19,15 @@
 //!   dlpark 0.10's own PyO3 import. The per-call benchmark's subjects
 //!   (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
+//! - `nd_grid`, `nd_ptr`, `nd_sum`, `nd_scale`: ndarray data to Python frameworks and back,
+//!   zero-copy (module `ndarray_recipes`).
+//!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
 //! exception the crate's one mapping picks (`RuntimeError` for the driver, `TypeError`/
 //! `ValueError` for bad input).
+
+mod ndarray_recipes;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -165,5 +170,6 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nop3, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
+    ndarray_recipes::register(m)?;
     Ok(())
 }
