@@ -17,14 +17,21 @@ pub(crate) const MIRI_PACKAGES: &[&str] = &[
     "tensorbridge-core",
     "tensorbridge-dlpack",
     "tensorbridge-cai",
+    "tensorbridge-ndarray",
 ];
 
 /// Packages left out of the `--all-features` clippy run because one of their features needs
-/// CUDA, Python or libtorch at build time (say which beside each entry). None do: cudarc
-/// loads libcuda at run time and builds anywhere, and libtorch (tensorbridge-tch, the
-/// benches' `tch` feature) comes from the managed venv, which every cargo command here gets
-/// through `LIBTORCH` (see [`ci`]).
-const ALL_FEATURES_EXCLUDED: &[&str] = &[];
+/// CUDA, Python or libtorch at build time (say which beside each entry). cudarc loads libcuda
+/// at run time and builds anywhere, and libtorch (tensorbridge-tch, the benches' `tch`
+/// feature) comes from the managed venv, which every cargo command here gets through
+/// `LIBTORCH` (see [`ci`]).
+const ALL_FEATURES_EXCLUDED: &[&str] = &[
+    // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc and
+    // builds cudarc with `dynamic-linking`, which cudarc refuses next to the workspace's
+    // `dynamic-loading` (the CUDA layer's). Checked on its own, with the CUDA toolkit from
+    // PyPI, in a target directory of its own (`candle_cuda_check`).
+    "tensorbridge-candle",
+];
 
 /// Packages that need libpython to link their test binaries: left out of the plain
 /// `cargo test` step and tested in the Python step, inside the managed environment.
@@ -99,6 +106,7 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     }
     clippy_all.args(["--", "-D", "warnings"]);
     steps.cmd("clippy --all-features", &mut clippy_all)?;
+    candle_cuda_check(steps, &venv)?;
     // Includes the doctests (tensorbridge-tch's load libtorch through its build script's
     // rpath, as its other test binaries do).
     let mut test = torch_cargo();
@@ -132,6 +140,30 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// candle's CUDA half (`tensorbridge-candle`'s `cuda` and `gpu-tests` features) through
+/// clippy, with the CUDA toolkit from PyPI (`cuda_toolkit`), in `target/candle-cuda`: its
+/// cudarc is built for linking, not loading, so sharing the main target directory would
+/// rebuild cudarc's dependents whenever the two alternate. Its GPU tests run from the bundle.
+fn candle_cuda_check(steps: &mut Steps, venv: &Venv) -> Result<()> {
+    let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
+    let mut clippy = venv.cargo();
+    clippy
+        .args([
+            "clippy",
+            "-p",
+            "tensorbridge-candle",
+            "--all-targets",
+            "--features",
+            "gpu-tests",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("CARGO_TARGET_DIR", root().join("target").join("candle-cuda"));
+    toolkit.apply(&mut clippy);
+    steps.cmd("clippy tensorbridge-candle --features gpu-tests (candle CUDA)", &mut clippy)
 }
 
 /// The Python package: the wheel built and installed into the environment, the pyo3 crate's

@@ -7,6 +7,7 @@
 
 mod bench;
 mod ci;
+mod cuda_toolkit;
 mod demo;
 mod fuzz;
 mod tch_range;
@@ -27,7 +28,8 @@ cargo xtask <task> [options]
 tasks:
   ci [--no-miri]
       The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
-      --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
+      --all-features, then candle's CUDA half with a CUDA toolkit made of PyPI's NVIDIA
+      wheels in target/cuda-toolkit), cargo test, cargo doc with warnings denied (libtorch for the tch
       crate from the venv), tensorbridge-tch against the oldest and the newest tch it
       accepts (tch_range::ENDS: each with its PyTorch, in target/tch-range), the Python
       package
