@@ -31,6 +31,10 @@ const ALL_FEATURES_EXCLUDED: &[&str] = &[
     // `dynamic-loading` (the CUDA layer's). Checked on its own, with the CUDA toolkit from
     // PyPI, in a target directory of its own (`candle_cuda_check`).
     "tensorbridge-candle",
+    // `candle-cuda`: the candle recipes, which need candle's CUDA half (as above) together
+    // with the Python layer's CUDA crates, a build cudarc refuses until the CUDA layer builds
+    // under its `dynamic-linking` (docs/BUILDING.md, "candle").
+    "tensorbridge-example",
 ];
 
 /// Packages that need libpython to link their test binaries: left out of the plain

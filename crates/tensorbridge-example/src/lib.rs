@@ -21,12 +21,16 @@
 //!
 //! - `nd_grid`, `nd_ptr`, `nd_sum`, `nd_scale`: ndarray data to Python frameworks and back,
 //!   zero-copy (module `ndarray_recipes`).
+//! - `candle_busy_fill`, `candle_sum` (feature `candle-cuda`): candle CUDA tensors to Python
+//!   frameworks and back, ordered on the GPU (module `candle_recipes`).
 //!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
 //! exception the crate's one mapping picks (`RuntimeError` for the driver, `TypeError`/
 //! `ValueError` for bad input).
 
+#[cfg(feature = "candle-cuda")]
+mod candle_recipes;
 mod ndarray_recipes;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -171,5 +175,7 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
     ndarray_recipes::register(m)?;
+    #[cfg(feature = "candle-cuda")]
+    candle_recipes::register(m)?;
     Ok(())
 }
