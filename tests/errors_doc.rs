@@ -1,5 +1,5 @@
 //! Keeps `docs/ERRORS.md` honest: every variant of the core, DLPack, CUDA Array Interface,
-//! CUDA layer, cudarc, ndarray and candle error enums has an entry (`Error::Name`) in its crate's section, with its message
+//! CUDA layer, cudarc, ndarray, candle and burn error enums has an entry (`Error::Name`) in its crate's section, with its message
 //! template exactly as the `#[error]` attribute spells it. A variant added or a message changed
 //! without the document following fails here.
 //!
@@ -117,7 +117,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 }
 
 /// (crate, error.rs, a variant the scanner must find, the least number of variants).
-const ENUMS: [(&str, &str, &str, usize); 7] = [
+const ENUMS: [(&str, &str, &str, usize); 8] = [
     (
         "tensorbridge",
         "crates/tensorbridge-core/src/error.rs",
@@ -159,6 +159,12 @@ const ENUMS: [(&str, &str, &str, usize); 7] = [
         "crates/tensorbridge-candle/src/error.rs",
         "NotZeroCopy",
         10,
+    ),
+    (
+        "tensorbridge-burn",
+        "crates/tensorbridge-burn/src/error.rs",
+        "WrongBurnTensor",
+        5,
     ),
 ];
 

@@ -60,6 +60,11 @@ const PATHS: &[Path] = &[
         run: candle_through_tensor,
     },
     Path {
+        producer: "tensorbridge::Tensor",
+        consumer: "burn-flex Tensor -> tensorbridge::Tensor",
+        run: tensor_through_burn,
+    },
+    Path {
         producer: "cudarc CudaSlice (GPU)",
         consumer: "tensorbridge::Tensor -> cudarc kernel argument",
         run: cudarc_slice_to_kernel_argument,
@@ -249,6 +254,40 @@ fn candle_through_tensor() -> Result<Outcome> {
     let write_visible = c.to_vec2::<f32>()?[1][2] == -before;
     drop(tensor);
     let per_conversion = median_time(|| roundtrip(black_box(&c)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// A tensor handed to burn's CPU backend (burn's storage over the tensor's memory, the tensor
+/// held by burn's byte controller) and back (a burn tensor out, read-only): the same
+/// memory, and a write through the producer's buffer is what the round trip reads.
+fn tensor_through_burn() -> Result<Outcome> {
+    through_consumer_read_only(|t| {
+        let b: burn_tensor::Tensor<2> = tensorbridge_burn::export(t)?;
+        Ok(tensorbridge_burn::import(b)?)
+    })
+}
+
+/// [`through_consumer`] for consumers that give back a read-only tensor: the write goes
+/// through the producer's tensor and must be what the consumer's tensor reads.
+fn through_consumer_read_only(convert: fn(&Tensor) -> Result<Tensor>) -> Result<Outcome> {
+    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
+    let tensor = describe(&buffer)?;
+    let through = convert(&tensor)?;
+    let same_pointer = through.data_ptr() == buffer.addr();
+    let before = through.host_view::<f32>()?.get(&[1, 2])?;
+    {
+        // SAFETY: obligation 1: the only view of the buffer while it lives; `through` is read
+        // only after this block.
+        let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
+        view.set(&[1, 2], -before)?;
+    }
+    let write_visible = through.host_view::<f32>()?.get(&[1, 2])? == -before;
+    drop(through);
+    let per_conversion = median_time(|| convert(black_box(&tensor)).map(drop))?;
     Ok(Outcome::Measured(Measured {
         same_pointer,
         write_visible,

@@ -20,11 +20,13 @@
 //! | `tch` | `tensorbridge::tch` | libtorch tensors through tch (needs libtorch when building) |
 //! | `pyo3` | `tensorbridge::pyo3`, `tensorbridge::pyo3_crate` | any Python tensor in, `View`s out, your own kernel on framework tensors; the pyo3 it is built with |
 //! | `ndarray` | `tensorbridge::ndarray`, `tensorbridge::ndarray_crate` | ndarray views over host tensors (every stride), arrays and views out to tensors; the ndarray it is built with |
+//! | `burn` | `tensorbridge::burn`, `tensorbridge::burn_tensor_crate`, `tensorbridge::burn_flex_crate` | burn's CPU backend (burn-flex) tensors out and in, zero-copy; the burn it is built with |
 //! | `candle` | `tensorbridge::candle`, `tensorbridge::candle_crate` | candle CPU tensors out zero-copy and back as far as candle allows; the candle-core it is built with (CUDA tensors: `tensorbridge-candle`'s `cuda` feature) |
 //!
 //! The foreign crates the adapters speak are re-exported at the versions the adapters are
 //! built with (`cudarc_crate` is cudarc 0.19 with CUDA 13.0 bindings, `pyo3_crate` is
-//! pyo3 0.30, `ndarray_crate` ndarray 0.17, `candle_crate` candle-core 0.11), so a crate that
+//! pyo3 0.30, `ndarray_crate` ndarray 0.17, `candle_crate` candle-core 0.11, `burn_tensor_crate`
+//! and `burn_flex_crate` burn 0.23.0-pre.1), so a crate that
 //! takes them from here cannot end up with two versions of any. libtorch's tch is the
 //! exception: `tensorbridge-tch` accepts tch 0.24 through 0.26, and the user's own tch
 //! dependency picks the one (tch allows one version per build).
@@ -36,6 +38,8 @@
 
 pub use tensorbridge_core::*;
 
+#[cfg(feature = "burn")]
+pub use tensorbridge_burn as burn;
 #[cfg(feature = "cai")]
 pub use tensorbridge_cai as cai;
 #[cfg(feature = "candle")]
@@ -53,6 +57,12 @@ pub use tensorbridge_pyo3 as pyo3;
 #[cfg(feature = "tch")]
 pub use tensorbridge_tch as tch;
 
+/// The burn-flex crate (burn's CPU backend) the burn adapter is built with (0.23.0-pre.1).
+#[cfg(feature = "burn")]
+pub use ::burn_flex as burn_flex_crate;
+/// The burn-tensor crate the burn adapter is built with (0.23.0-pre.1, with its Flex backend).
+#[cfg(feature = "burn")]
+pub use ::burn_tensor as burn_tensor_crate;
 /// The candle-core crate the candle adapter is built with (0.11).
 #[cfg(feature = "candle")]
 pub use ::candle_core as candle_crate;
