@@ -165,9 +165,15 @@ fn candle_cuda_check(steps: &mut Steps, venv: &Venv) -> Result<()> {
             "-D",
             "warnings",
         ])
-        .env("CARGO_TARGET_DIR", root().join("target").join("candle-cuda"));
+        .env(
+            "CARGO_TARGET_DIR",
+            root().join("target").join("candle-cuda"),
+        );
     toolkit.apply(&mut clippy);
-    steps.cmd("clippy tensorbridge-candle --features gpu-tests (candle CUDA)", &mut clippy)
+    steps.cmd(
+        "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
+        &mut clippy,
+    )
 }
 
 /// The Python package: the wheel built and installed into the environment, the pyo3 crate's

@@ -76,7 +76,11 @@ impl Toolkit {
 /// can make a virtual environment), and returns it.
 pub(crate) fn ensure(steps: &mut Steps, python: &Path) -> Result<Toolkit> {
     let dir = root().join("target").join("cuda-toolkit");
-    let stamp_text = format!("{}\nstub from cudarc {}\n", WHEELS.join("\n"), cudarc_version()?);
+    let stamp_text = format!(
+        "{}\nstub from cudarc {}\n",
+        WHEELS.join("\n"),
+        cudarc_version()?
+    );
     let venv_python = dir.join("bin").join("python");
     if fs::read_to_string(dir.join(STAMP)).ok().as_deref() == Some(stamp_text.as_str()) {
         let home = home(&venv_python)?;
@@ -142,9 +146,13 @@ fn link_names(home: &Path) -> Result<()> {
 /// `lib/stubs/libcuda.so`: every driver function cudarc's bindings declare, as an empty
 /// function, with the soname of the real driver library.
 fn libcuda_stub(home: &Path) -> Result<()> {
-    let bindings = cudarc_source()?.join("src").join("driver").join("sys").join("mod.rs");
-    let text = fs::read_to_string(&bindings)
-        .with_context(|| format!("reading {}", bindings.display()))?;
+    let bindings = cudarc_source()?
+        .join("src")
+        .join("driver")
+        .join("sys")
+        .join("mod.rs");
+    let text =
+        fs::read_to_string(&bindings).with_context(|| format!("reading {}", bindings.display()))?;
     let mut names: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("pub unsafe fn "))
@@ -163,7 +171,10 @@ fn libcuda_stub(home: &Path) -> Result<()> {
     let stubs = home.join("lib").join("stubs");
     fs::create_dir_all(&stubs)?;
     let source = stubs.join("libcuda_stub.c");
-    let body: String = names.iter().map(|n| format!("void {n}(void) {{}}\n")).collect();
+    let body: String = names
+        .iter()
+        .map(|n| format!("void {n}(void) {{}}\n"))
+        .collect();
     fs::write(&source, body)?;
     let status = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
         .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])

@@ -6,7 +6,9 @@
 //! 1. makes (or reuses) a Python environment with that PyTorch, from PyPI:
 //!    `target/tch-range/torch-<version>/`, with a stamp written only after a successful
 //!    install, so a missing or half-made cache is rebuilt, never assumed; the managed
-//!    environment is used instead when it already has that torch (the oldest end, today);
+//!    environment is used instead when it already has that torch; the end `Cargo.lock`
+//!    already holds, with the managed environment's torch (the oldest, today), is the one
+//!    `ci`'s `test` step has just tested, and is not run twice;
 //! 2. pins tch and torch-sys to that release in `Cargo.lock` (`cargo update --precise`),
 //!    and puts the lock file back afterwards, whatever happened;
 //! 3. runs `cargo test -p tensorbridge-tch` (the C++ shim compiled against that libtorch's
@@ -32,7 +34,17 @@ const STAMP: &str = ".tensorbridge-torch";
 
 /// Builds and tests tensorbridge-tch against every end of the range.
 pub(crate) fn run(steps: &mut Steps, managed: &Venv) -> Result<()> {
+    let locked = locked_tch()?;
     for &(tch, torch) in ENDS {
+        if locked == tch && torch_version(&managed.python())?.as_deref() == Some(torch) {
+            // `ci`'s `test` step has just tested this end: the locked tch with the managed
+            // environment's torch.
+            steps.skip(
+                &format!("tch {tch}: cargo test -p tensorbridge-tch (torch {torch})"),
+                "the locked tch with the managed torch: tested by the `test` step",
+            );
+            continue;
+        }
         let libtorch = torch_for(steps, managed, torch)?;
         let target = root()
             .join("target")
@@ -56,6 +68,20 @@ pub(crate) fn run(steps: &mut Steps, managed: &Venv) -> Result<()> {
         tested?;
     }
     Ok(())
+}
+
+/// The tch version `Cargo.lock` holds.
+fn locked_tch() -> Result<String> {
+    let lock = fs::read_to_string(root().join("Cargo.lock")).context("reading Cargo.lock")?;
+    let mut lines = lock.lines();
+    while let Some(line) = lines.next() {
+        if line == "name = \"tch\""
+            && let Some(v) = lines.next().and_then(|l| l.strip_prefix("version = \""))
+        {
+            return Ok(v.trim_end_matches('"').to_owned());
+        }
+    }
+    bail!("no tch in Cargo.lock")
 }
 
 /// The torch directory (`LIBTORCH`) of an environment with PyTorch `version`: the managed

@@ -70,9 +70,11 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     let mut binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
     // candle's CUDA tests: built apart, with a CUDA toolkit (`cuda_toolkit`), see `build_candle`.
     let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
-    binaries.extend(steps.run("build candle's GPU tests (release, stripped)", || {
-        build_candle(&toolkit)
-    })?);
+    binaries.extend(
+        steps.run("build candle's GPU tests (release, stripped)", || {
+            build_candle(&toolkit)
+        })?,
+    );
     let mut wheels = build_wheels(steps, &venv)?;
     if bundle.is_some() {
         // The GPU machines run CPython 3.12: the bundle carries both builds, and pip picks
@@ -210,7 +212,10 @@ fn build_candle(toolkit: &crate::cuda_toolkit::Toolkit) -> Result<Vec<TestBinary
         "--no-run",
     ])
     .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-    .env("CARGO_TARGET_DIR", root().join("target").join("candle-cuda"));
+    .env(
+        "CARGO_TARGET_DIR",
+        root().join("target").join("candle-cuda"),
+    );
     toolkit.apply(&mut cmd);
     let binaries = test_binaries(&cargo_messages(&mut cmd)?);
     if binaries.is_empty() {
