@@ -29,7 +29,7 @@ const ALL_FEATURES_EXCLUDED: &[&str] = &[
     // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc and
     // builds cudarc with `dynamic-linking`, which cudarc refuses next to the workspace's
     // `dynamic-loading` (the CUDA layer's). Checked on its own, with the CUDA toolkit from
-    // PyPI, in a target directory of its own (`candle_cuda_check`).
+    // PyPI, in a target directory of its own (`candle_cuda_check`, with `--candle-cuda`).
     "tensorbridge-candle",
     // `candle-cuda`: the candle recipes, which need candle's CUDA half (as above) together
     // with the Python layer's CUDA crates, a build cudarc refuses until the CUDA layer builds
@@ -62,18 +62,22 @@ const MIRI_PROPTEST_CASES: u32 = 8;
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut miri = true;
+    let mut candle_cuda = false;
     for arg in args {
         match arg.as_str() {
             "--no-miri" => miri = false,
-            other => bail!("unknown option `{other}` for `ci` (expected --no-miri)"),
+            "--candle-cuda" => candle_cuda = true,
+            other => {
+                bail!("unknown option `{other}` for `ci` (expected --no-miri or --candle-cuda)")
+            }
         }
     }
     let mut steps = Steps::new("ci");
-    let result = ci(&mut steps, miri);
+    let result = ci(&mut steps, miri, candle_cuda);
     steps.finish(result)
 }
 
-fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
+fn ci(steps: &mut Steps, miri: bool, candle_cuda: bool) -> Result<()> {
     // First, so that every cargo step below builds pyo3 against the same interpreter
     // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
     // whenever the interpreter it finds changes.
@@ -110,7 +114,17 @@ fn ci(steps: &mut Steps, miri: bool) -> Result<()> {
     }
     clippy_all.args(["--", "-D", "warnings"]);
     steps.cmd("clippy --all-features", &mut clippy_all)?;
-    candle_cuda_check(steps, &venv)?;
+    if candle_cuda {
+        candle_cuda_check(steps, &venv)?;
+    } else {
+        // candle-kernels compiles candle's quantized and MoE kernels for sm_90a with nvcc in
+        // its build script, also for clippy: far more than the rest of CI on 2 cores
+        // (docs/BUILDING.md, "candle"). `test-gpu --bundle` builds it, with its GPU tests.
+        steps.skip(
+            "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
+            "opt in with --candle-cuda; test-gpu --bundle builds it",
+        );
+    }
     // Includes the doctests (tensorbridge-tch's load libtorch through its build script's
     // rpath, as its other test binaries do).
     let mut test = torch_cargo();

@@ -39,8 +39,10 @@ const WHEELS: &[&str] = &[
     "nvidia-curand==10.4.0.35",
 ];
 
-/// The libraries candle's cudarc links, as the wheels name them: (link name, file).
+/// The libraries candle links, as the wheels name them: (link name, file). cudarc links the
+/// first four; candle-kernels links the CUDA runtime for its statically built kernels.
 const LINKED: &[(&str, &str)] = &[
+    ("cudart", "libcudart.so.13"),
     ("nvrtc", "libnvrtc.so.13"),
     ("cublas", "libcublas.so.13"),
     ("cublasLt", "libcublasLt.so.13"),

@@ -26,10 +26,11 @@ const HELP: &str = "\
 cargo xtask <task> [options]
 
 tasks:
-  ci [--no-miri]
+  ci [--no-miri] [--candle-cuda]
       The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
-      --all-features, then candle's CUDA half with a CUDA toolkit made of PyPI's NVIDIA
-      wheels in target/cuda-toolkit), cargo test, cargo doc with warnings denied (libtorch for the tch
+      --all-features; with --candle-cuda also candle's CUDA half, built with a CUDA
+      toolkit made of PyPI's NVIDIA wheels in target/cuda-toolkit: nvcc compiles candle's
+      kernels, a long step), cargo test, cargo doc with warnings denied (libtorch for the tch
       crate from the venv), tensorbridge-tch against the oldest and the newest tch it
       accepts (tch_range::ENDS: each with its PyTorch, in target/tch-range), the Python
       package
