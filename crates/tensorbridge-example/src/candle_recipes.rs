@@ -107,7 +107,10 @@ fn candle_sum(x: &Bound<'_, PyAny>, ordered: bool) -> PyResult<f32> {
     };
     let device = Device::new_cuda_with_stream(0).map_err(runtime)?;
     let c = tensorbridge_candle::export_leaked(&tensor, &device).map_err(runtime)?;
-    let sum = c.sum_all().and_then(|s| s.to_scalar::<f32>()).map_err(runtime)?;
+    let sum = c
+        .sum_all()
+        .and_then(|s| s.to_scalar::<f32>())
+        .map_err(runtime)?;
     Ok(sum)
 }
 
