@@ -92,7 +92,8 @@ fn order(ready: &Ready, consumer: &CudaStream) -> TestResult {
             consumer.wait(&event)?;
         }
         // SAFETY: `consumer` is a live stream of the tensor's device's primary context.
-        Ready::Signal(sig) => unsafe { sig.enqueue_wait(consumer_stream) }?,
+        Ready::Signal(sig) => unsafe { sig.enqueue_wait(consumer_stream) }
+            .map_err(|e| e as Box<dyn std::error::Error>)?,
     }
     Ok(())
 }
