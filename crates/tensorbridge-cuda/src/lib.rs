@@ -138,6 +138,7 @@ mod capture;
 mod driver;
 mod error;
 mod handoff;
+pub mod ipc;
 mod pointer;
 
 pub use borrow::with_stream_raw;
