@@ -488,6 +488,9 @@ pub(crate) fn decode(b: &[u8]) -> Result<Fields, Error> {
             if has_event {
                 return Err(field("flags", u64::from(flags), "no event without memory"));
             }
+            if !shape.contains(&0) {
+                return Err(field("memory kind", 0, "1 for a tensor with elements"));
+            }
         }
         Memory::Legacy => {
             if alloc_size == 0 || alloc_size > MAX_ALLOC {
@@ -536,29 +539,16 @@ pub(crate) fn decode(b: &[u8]) -> Result<Fields, Error> {
     };
     // The layout, validated by the core against a pretended allocation start.
     let desc = fields.descriptor_at(PRETEND_BASE, Device::cuda(0))?;
-    match memory {
-        Memory::None => {
-            if desc.numel() != 0 {
-                return Err(field(
-                    "memory kind",
-                    0,
-                    "1 for a tensor with elements",
-                ));
-            }
-        }
-        Memory::Legacy => {
-            if desc.numel() > 0 {
-                let span = desc.byte_span();
-                let lo = span.start as i128 - PRETEND_BASE as i128;
-                let hi = span.end as i128 - PRETEND_BASE as i128;
-                if lo < 0 || hi > i128::from(alloc_size) {
-                    return Err(Error::IpcHandleSpan {
-                        lo,
-                        hi,
-                        size: alloc_size,
-                    });
-                }
-            }
+    if memory == Memory::Legacy && desc.numel() > 0 {
+        let span = desc.byte_span();
+        let lo = span.start as i128 - PRETEND_BASE as i128;
+        let hi = span.end as i128 - PRETEND_BASE as i128;
+        if lo < 0 || hi > i128::from(alloc_size) {
+            return Err(Error::IpcHandleSpan {
+                lo,
+                hi,
+                size: alloc_size,
+            });
         }
     }
     Ok(fields)

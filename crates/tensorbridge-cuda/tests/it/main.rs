@@ -3,6 +3,7 @@
 //! (`crates/tensorbridge-cudarc/tests/gpu`), which drives it with cudarc kernels. One module
 //! per area.
 
+mod ipc;
 mod messages;
 mod no_driver;
 mod pointer;
