@@ -151,6 +151,7 @@ mod owner;
 mod producer;
 mod pydtype;
 mod python;
+mod share;
 mod view;
 
 use pyo3::prelude::*;
@@ -223,6 +224,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     producer::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
+    share::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -165,8 +165,6 @@ impl Drop for SharedInner {
 /// ([`Error::IpcNotShareable`]), data produced inside a CUDA graph capture
 /// ([`Error::CaptureMismatch`]), and no driver ([`Error::NoDriver`]).
 pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
-    ensure_driver()?;
-    super::collect();
     if consumers > MAX_CONSUMERS {
         return Err(Error::IpcHandleField {
             field: "consumer count",
@@ -178,6 +176,8 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
     if device.kind != DeviceType::Cuda {
         return Err(Error::IpcNotDevice { device });
     }
+    ensure_driver()?;
+    super::collect();
     let ordinal = device.ordinal;
     let uuid = device_uuid(ordinal)?;
     // The offset folded into the pointer: the handle's base offset is then the distance from

@@ -433,7 +433,15 @@ pub(crate) fn decode(b: &[u8]) -> Result<Fields, Error> {
         return Err(field("reserved bytes", u64::from(reserved), "0"));
     }
     let (code, bits, lanes) = (r.u8(), r.u8(), r.u16());
-    let dtype = DType::from_dlpack(code, bits, lanes)?;
+    // A dtype no producer writes is a damaged handle, not a wrong kind of object: a field
+    // error (the core's reason is in the value: code, bits and lanes packed as 0xCCBBLLLL).
+    let dtype = DType::from_dlpack(code, bits, lanes).map_err(|_| {
+        field(
+            "dtype (code << 24 | bits << 16 | lanes)",
+            u64::from(code) << 24 | u64::from(bits) << 16 | u64::from(lanes),
+            "a DLPack dtype the core knows",
+        )
+    })?;
     let pid = r.u32();
     let start = r.u64();
     if pid == 0 {

@@ -4,7 +4,7 @@
 //! makes it panic. On a machine without a driver, export and import say so.
 
 use proptest::prelude::*;
-use tensorbridge::{DType, Stream};
+use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Stream};
 use tensorbridge_cuda::Error;
 use tensorbridge_cuda::ipc::{self, IpcHandle};
 
@@ -260,7 +260,7 @@ fn forged_fields_are_refused() {
     // The core refuses bad layouts and dtypes.
     assert!(matches!(
         IpcHandle::from_bytes(&encode(&Spec { dtype: (99, 32, 1), ..spec() })),
-        Err(Error::Core(tensorbridge::Error::UnknownDTypeCode { .. }))
+        Err(Error::IpcHandleField { value: 0x6320_0001, .. })
     ));
     assert!(matches!(
         IpcHandle::from_bytes(&encode(&Spec { shape: vec![-3, 4], ..spec() })),
@@ -295,8 +295,29 @@ fn without_a_driver_export_and_import_say_so() {
     if tensorbridge_cuda::driver_present() {
         return;
     }
-    let t = tensorbridge::Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
-    assert!(matches!(ipc::export(&t, 1), Err(Error::NoDriver)));
+    let host = tensorbridge::Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    assert!(matches!(
+        ipc::export(&host, 1),
+        Err(Error::IpcNotDevice { device }) if device == Device::CPU
+    ));
+    // A CUDA tensor (over host memory: nothing reads it without a driver).
+    let desc = Descriptor::new(
+        host.data_ptr(),
+        Device::cuda(0),
+        DType::FLOAT32,
+        Packing::Packed,
+        Layout::row_major(&[4]).unwrap(),
+        Access::ReadOnly,
+    )
+    .unwrap();
+    // SAFETY: the span is `host`'s four floats, kept alive by its owner; nothing reads or
+    // writes them here (there is no driver to hand them to).
+    let cuda = unsafe { tensorbridge::Tensor::from_descriptor(desc, host.owner().clone()) };
+    assert!(matches!(ipc::export(&cuda, 1), Err(Error::NoDriver)));
+    assert!(matches!(
+        ipc::export(&cuda, 1 << 23),
+        Err(Error::IpcHandleField { field: "consumer count", .. })
+    ));
     let h = IpcHandle::from_bytes(&encode(&spec())).unwrap();
     // SAFETY: the legacy default stream is always live; without a driver nothing runs.
     let r = unsafe { ipc::import_raw(&h, Stream::LegacyDefault) };
