@@ -19,14 +19,21 @@ use crate::Error;
 use crate::capture::{Capture, capture_of, keep_with_graph};
 use crate::driver::{bind, device, device_of_stream, ensure_driver, raw_stream};
 
-/// What this process has open of other processes' shares, each entry weak: the tensors own
-/// them, these maps only find them again.
+/// What this process has open of other processes' shares. Lifetime files and holds are
+/// found again through weak references (the tensors own them); mappings and imported events
+/// are counted here, under this lock, by the holds that use them, and closed here when the
+/// count falls to zero: a mapping is then never opened again while its close is still on its
+/// way (CUDA refuses to map one allocation twice in a context).
 struct Consumer {
     files: HashMap<(ProcessId, u64), Weak<SlotFile>>,
     holds: HashMap<(ProcessId, SlotRef), Weak<Held>>,
-    mappings: HashMap<(ProcessId, u64, DeviceUuid), Weak<Mapping>>,
-    events: HashMap<[u8; 64], Weak<ImportedEvent>>,
+    mappings: HashMap<MapKey, (Mapping, usize)>,
+    events: HashMap<[u8; 64], (Arc<ImportedEvent>, usize)>,
 }
+
+/// An allocation of a producer, on a GPU: the producer's address names it while it lives,
+/// and it lives while any share of it is held (a held share keeps its memory alive).
+type MapKey = (ProcessId, u64, DeviceUuid);
 
 static CONSUMER: LazyLock<Mutex<Consumer>> = LazyLock::new(|| {
     Mutex::new(Consumer {
@@ -46,28 +53,35 @@ pub(crate) fn retiring() -> usize {
     RETIRING.load(Ordering::SeqCst)
 }
 
-/// This process's hold on one share: the holder entry in the producer's lifetime file, the
-/// mapping of the allocation, the imported event. Shared by every open of the share in this
-/// process; dropped (entry given back, handles closed) after the last of them is released
-/// and its device work has run.
+/// This process's hold on one share: the holder entry in the producer's lifetime file, and
+/// a use of the mapping of the allocation and of the imported event. Shared by every open of
+/// the share in this process; dropped (the uses given back, the entry last) after the last
+/// of them is released and its device work has run.
 pub(crate) struct Held {
-    mapping: Option<Arc<Mapping>>,
-    event: Option<Arc<ImportedEvent>>,
+    mapping: MapKey,
+    base: u64,
+    event: Option<(Arc<ImportedEvent>, [u8; 64])>,
     registration: Option<Registration>,
 }
 
 impl Held {
     fn base(&self) -> u64 {
-        self.mapping.as_ref().map_or(0, |m| m.base)
+        self.base
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // The handles first (if this was their last user), the holder entry last: the
-        // producer may free and reuse the memory as soon as the entry is given back.
-        drop(self.event.take());
-        drop(self.mapping.take());
+        // The mapping and the event first (closed if this was their last user), the holder
+        // entry last: the producer may free and reuse the memory once the entry is back.
+        {
+            let mut c = consumer();
+            c.unuse_mapping(&self.mapping);
+            if let Some((event, handle)) = self.event.take() {
+                drop(event);
+                c.unuse_event(&handle);
+            }
+        }
         if let Some(registration) = self.registration.take() {
             let producer = registration.producer();
             drop(registration);
@@ -132,8 +146,6 @@ impl Consumer {
     fn prune(&mut self) {
         self.files.retain(|_, w| w.strong_count() > 0);
         self.holds.retain(|_, w| w.strong_count() > 0);
-        self.mappings.retain(|_, w| w.strong_count() > 0);
-        self.events.retain(|_, w| w.strong_count() > 0);
     }
 
     fn file(&mut self, x: &Fields) -> Result<Arc<SlotFile>, Error> {
@@ -161,11 +173,12 @@ impl Consumer {
         Ok(file)
     }
 
-    fn mapping(&mut self, x: &Fields, ordinal: u32) -> Result<Arc<Mapping>, Error> {
+    /// A use of the mapping of `x`'s allocation (opened now if this process has none).
+    fn use_mapping(&mut self, x: &Fields, ordinal: u32) -> Result<(MapKey, u64), Error> {
         let key = (x.producer, x.producer_base, x.uuid);
-        if let Some(m) = self.mappings.get(&key).and_then(Weak::upgrade) {
+        if let Some((m, users)) = self.mappings.get_mut(&key) {
             // The allocation at that address is still the one mapped: a share of it is held
-            // (by whoever holds `m`), so the producer cannot have freed it.
+            // (by the users of `m`), so the producer cannot have freed it.
             if m.size != x.alloc_size {
                 return Err(Error::IpcHandleField {
                     field: "allocation size",
@@ -173,20 +186,42 @@ impl Consumer {
                     expected: "the size of the allocation the memory handle maps",
                 });
             }
-            return Ok(m);
+            *users += 1;
+            return Ok((key, m.base));
         }
-        let m = Arc::new(Mapping::open(&x.mem_handle, ordinal, x.alloc_size)?);
-        self.mappings.insert(key, Arc::downgrade(&m));
-        Ok(m)
+        let m = Mapping::open(&x.mem_handle, ordinal, x.alloc_size)?;
+        let base = m.base;
+        self.mappings.insert(key, (m, 1));
+        Ok((key, base))
     }
 
-    fn event(&mut self, handle: &[u8; 64], ordinal: u32) -> Result<Arc<ImportedEvent>, Error> {
-        if let Some(e) = self.events.get(handle).and_then(Weak::upgrade) {
-            return Ok(e);
+    /// Gives back a use of a mapping; the last one closes it (here, under the lock).
+    fn unuse_mapping(&mut self, key: &MapKey) {
+        if let Some((_, users)) = self.mappings.get_mut(key) {
+            *users -= 1;
+            if *users == 0 {
+                self.mappings.remove(key);
+            }
+        }
+    }
+
+    fn use_event(&mut self, handle: &[u8; 64], ordinal: u32) -> Result<Arc<ImportedEvent>, Error> {
+        if let Some((e, users)) = self.events.get_mut(handle) {
+            *users += 1;
+            return Ok(e.clone());
         }
         let e = Arc::new(ImportedEvent::open(handle, ordinal)?);
-        self.events.insert(*handle, Arc::downgrade(&e));
+        self.events.insert(*handle, (e.clone(), 1));
         Ok(e)
+    }
+
+    fn unuse_event(&mut self, handle: &[u8; 64]) {
+        if let Some((_, users)) = self.events.get_mut(handle) {
+            *users -= 1;
+            if *users == 0 {
+                self.events.remove(handle);
+            }
+        }
     }
 
     /// This process's hold on the share `x` names: the existing one, or a new holder entry,
@@ -217,13 +252,20 @@ impl Consumer {
         }
         let registration = registration.map_err(|r| refusal(r, x.producer))?;
         // From here, an error drops `registration`, which gives the entry back.
-        let mapping = self.mapping(x, ordinal)?;
+        let (mapping, base) = self.use_mapping(x, ordinal)?;
         let event = match &x.event_handle {
-            Some(h) => Some(self.event(h, ordinal)?),
+            Some(h) => match self.use_event(h, ordinal) {
+                Ok(e) => Some((e, *h)),
+                Err(e) => {
+                    self.unuse_mapping(&mapping);
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let held = Arc::new(Held {
-            mapping: Some(mapping),
+            mapping,
+            base,
             event,
             registration: Some(registration),
         });
@@ -321,7 +363,7 @@ pub fn import(handle: &IpcHandle, consumer: &Arc<CudaStream>) -> Result<Tensor, 
     };
     let x = handle.fields();
     let held = consumer_acquire(x, ordinal)?;
-    if let Some(event) = &held.event {
+    if let Some((event, _)) = &held.event {
         // SAFETY: a cudarc stream borrowed for the call is live, in its own context.
         unsafe { wait(event, consumer.context(), consumer.cu_stream()) }?;
     }
@@ -371,7 +413,7 @@ pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor,
     };
     let release_ordinal = u32::try_from(ctx.ordinal()).unwrap_or(u32::MAX);
     let held = consumer_acquire(x, ordinal)?;
-    if let Some(event) = &held.event {
+    if let Some((event, _)) = &held.event {
         // SAFETY: `consumer` is live (obligation 1), a stream of `ctx` or a default stream.
         unsafe { wait(event, &ctx, raw_stream(consumer)) }?;
     }
