@@ -10,7 +10,7 @@ use tensorbridge::{DeviceType, Owner, Stream, Tensor};
 use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs};
 
 use crate::error::{Error, Result};
-use crate::exchange;
+use crate::import::exchange;
 use crate::owner::KeepAlive;
 
 /// Whose current stream a [`kernel_call`] runs on.

@@ -136,30 +136,23 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod attach;
-mod buffer;
-mod capsule;
 mod convert;
 mod copy;
 mod error;
-mod exchange;
+mod export;
 mod ffi;
 mod import;
-mod interfaces;
 mod kernel;
 mod owner;
-mod producer;
-mod pydtype;
 mod python;
 mod share;
-mod view;
 
 use pyo3::prelude::*;
 use tensorbridge::Tensor;
 
 pub use error::{Error, Result};
+pub use export::view::View;
 pub use kernel::{KernelCall, StreamSource, kernel_call};
-pub use view::View;
 
 /// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
 /// enqueued on any stream: the tensor carries the producer's readiness (PyTorch's current
@@ -221,7 +214,7 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<View>()?;
-    producer::install(m.py())?;
+    export::exchange::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
     share::register(m)?;

@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, gc::PyVisit};
 use tensorbridge::Owner;
 
-use crate::attach::attached;
+use crate::ffi::attach::attached;
 use crate::ffi::{Py_buffer, PyBuffer_Release, PyObject_GetBuffer};
 
 /// Releases a Python reference now: the real GIL held, so the object is freed at once (not

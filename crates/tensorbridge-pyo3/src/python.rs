@@ -10,8 +10,8 @@ use crate::convert::{
     current_cuda_ordinal, device_from_py, dtype_from_py, stream_from_py, type_name,
 };
 use crate::error::{Error, Result};
+use crate::export::view::View;
 use crate::owner::Release;
-use crate::view::View;
 
 /// asview(obj, *, stream=None)
 /// --

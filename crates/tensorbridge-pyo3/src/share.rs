@@ -14,8 +14,8 @@ use pyo3::types::{PyByteArray, PyBytes, PyTuple, PyType};
 use tensorbridge::{Stream, StreamConvention, StreamRequest, stream_from_wire};
 use tensorbridge_cuda::ipc::{self, IpcHandle, Shared};
 
+use crate::View;
 use crate::error::Result;
-use crate::view::View;
 
 /// Adds `Handle`, `share` and `open` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

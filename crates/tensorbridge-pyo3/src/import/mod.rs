@@ -1,5 +1,10 @@
 //! Any Python object -> [`Tensor`], trying the protocols in a fixed order.
 
+pub(crate) mod buffer;
+pub(crate) mod capsule;
+pub(crate) mod exchange;
+pub(crate) mod interfaces;
+
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString};
@@ -10,14 +15,12 @@ use tensorbridge::{
 use tensorbridge_cai::{ArrayData, BufferRegion, ImportOptions, TypeKind, TypeStr};
 use tensorbridge_dlpack::{import_legacy, import_versioned};
 
-use crate::buffer;
-use crate::capsule::{Consumed, consume};
 use crate::convert::{dtype_from_py, type_name};
 use crate::error::{Error, Result};
-use crate::exchange;
-use crate::interfaces::{ArrayDataSource, Which, as_dict, read_array, read_cai};
+use crate::export::view::View;
+use crate::import::capsule::{Consumed, consume};
+use crate::import::interfaces::{ArrayDataSource, Which, as_dict, read_array, read_cai};
 use crate::owner::KeepAlive;
-use crate::view::View;
 
 /// The DLPack version this crate asks producers for.
 const MAX_VERSION: (u32, u32) = (1, 3);
@@ -130,7 +133,7 @@ unsafe fn import_unsettled(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> Resul
         }
     }
     if let Ok(capsule) = obj.cast::<PyCapsule>()
-        && crate::capsule::is_dlpack_capsule(capsule)
+        && crate::import::capsule::is_dlpack_capsule(capsule)
     {
         // A capsule carries no stream: its producer ordered whatever it had to when it made
         // it, so there is nothing to wait for.

@@ -80,3 +80,5 @@ unsafe extern "C" {
     /// Releases what `PyObject_GetBuffer` filled in, once.
     pub(crate) fn PyBuffer_Release(view: *mut Py_buffer);
 }
+
+pub(crate) mod attach;

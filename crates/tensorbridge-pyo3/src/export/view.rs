@@ -13,11 +13,11 @@ use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
-use crate::capsule::{legacy_capsule, versioned_capsule};
 use crate::convert::stream_from_py;
 use crate::copy;
 use crate::error::{Error, Result};
-use crate::interfaces::{array_to_py, cai_to_py};
+use crate::import::capsule::{legacy_capsule, versioned_capsule};
+use crate::import::interfaces::{array_to_py, cai_to_py};
 
 /// A zero-copy view of tensor memory that someone else owns, which keeps that memory (and
 /// the object it came from) alive while the view, or anything made from it, lives.
@@ -87,7 +87,7 @@ impl View {
     /// What [`export`](Self::export) hands over, before the DLPack struct is built: the
     /// tensor to export (this view's, or a copy) and whether it is a copy. The consumer's
     /// `stream` has been ordered after the producer when this returns. The DLPack C exchange
-    /// API (`crate::producer`) exports through this too.
+    /// API (`crate::export::exchange`) exports through this too.
     pub(crate) fn prepare_export(
         &self,
         py: Python<'_>,
@@ -253,7 +253,7 @@ impl View {
     /// a `numpy.dtype` compares equal to that name (`view.dtype == "float32"`).
     #[getter]
     fn dtype(&self, py: Python<'_>) -> Py<PyAny> {
-        crate::pydtype::dtype_object(py, self.tensor.dtype(), self.tensor.packing())
+        crate::export::pydtype::dtype_object(py, self.tensor.dtype(), self.tensor.packing())
     }
 
     /// The element type's core name, always a `str`: `"float32"`, `"bfloat16"`, `"bool"`,

@@ -45,7 +45,7 @@ use tensorbridge_dlpack::{export_versioned, import_versioned};
 use crate::View;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
-use crate::view::refuse_negative_strides;
+use crate::export::view::refuse_negative_strides;
 
 /// The capsule name DLPack 1.3 gives the table.
 const CAPSULE_NAME: &CStr = c"dlpack_exchange_api";

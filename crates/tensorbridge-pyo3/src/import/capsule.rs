@@ -203,7 +203,7 @@ unsafe fn destroy(capsule: *mut ffi::PyObject, fresh: &CStr, free: unsafe fn(*mu
         // Consumed (renamed `used_*`): the consumer owns the tensor now.
         return;
     }
-    let release = |_gil: &crate::attach::Gil| {
+    let release = |_gil: &crate::ffi::attach::Gil| {
         // SAFETY: valid with this name (checked above), so this returns the stored pointer
         // without setting an exception.
         let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule, fresh.as_ptr()) };
@@ -215,7 +215,7 @@ unsafe fn destroy(capsule: *mut ffi::PyObject, fresh: &CStr, free: unsafe fn(*mu
     };
     // A capsule may die while an exception propagates: keep it, as it is.
     // SAFETY: Python holds the GIL for us (obligation 1).
-    unsafe { crate::attach::keeping_exception(release) }
+    unsafe { crate::ffi::attach::keeping_exception(release) }
 }
 
 unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {
