@@ -120,6 +120,11 @@ pub(crate) fn check_shareable(base: usize, ordinal: u32) -> Result<(), Error> {
     if capable & 0xff != 0 {
         return Ok(());
     }
+    // Pools first: their memory is itself mapped through the virtual memory management API,
+    // so the retain below would succeed for it too.
+    if pool != 0 {
+        return Err(Error::IpcPoolMemory { addr: base });
+    }
     let mut vmm: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: the driver writes one handle through a pointer to a live local; `base` is only
     // looked up. A successful call retains the allocation handle, released just below.
@@ -129,9 +134,6 @@ pub(crate) fn check_shareable(base: usize, ordinal: u32) -> Result<(), Error> {
         // SAFETY: the handle the successful call above retained, released once.
         let _ = unsafe { sys::cuMemRelease(vmm) };
         return Err(Error::IpcVirtualMemory { addr: base });
-    }
-    if pool != 0 {
-        return Err(Error::IpcPoolMemory { addr: base });
     }
     Err(Error::IpcNotShareable { addr: base })
 }

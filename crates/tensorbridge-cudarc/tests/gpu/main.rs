@@ -16,6 +16,7 @@ mod devices;
 mod dtypes;
 mod graphs;
 mod handoff;
+mod ipc;
 mod pointer;
 mod roundtrip;
 
