@@ -299,6 +299,7 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
     for script in [
         "benches/python/compare.py",
         "benches/python/breakdown.py",
+        "benches/python/ipc.py",
         "benches/plot_copy_vs_share.py",
     ] {
         let from = root().join(script);

@@ -14,8 +14,10 @@ warm-up.
     python demo.py --device cpu     # force the host
     python demo.py --calls 500
 
-Frameworks that are not installed are left out (rows skipped, listed at the end). Exit
-status: 0 when every row present is zero-copy with writes visible, 1 otherwise.
+Frameworks that are not installed are left out (rows skipped, listed at the end). On the GPU
+it ends with a two-process hand-off (``tensor_from_another_process.py``: a tensor shared with
+a second process, zero-copy). Exit status: 0 when every row present is zero-copy with writes
+visible and the hand-off worked, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -323,7 +325,26 @@ def main(argv=None):
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if cuda_available() else "cpu")
     ok, _ = run(device, args.n, args.calls, args.warmup)
-    return 0 if ok else 1
+    shared = _two_process(device)
+    return 0 if ok and shared else 1
+
+
+def _two_process(device):
+    """The two-process hand-off (``tensor_from_another_process.py``): its line, or why not."""
+    if device != "cuda":
+        print("two-process hand-off: skipped (no CUDA GPU here)")
+        return True
+    if _try_import("torch") is None:
+        print("two-process hand-off: skipped (PyTorch is not installed)")
+        return True
+    from tensor_from_another_process import main as two_process
+
+    try:
+        two_process("cuda")
+    except Exception as e:  # noqa: BLE001 - reported, and the exit status says so
+        print(f"two-process hand-off: FAILED: {type(e).__name__}: {e}")
+        return False
+    return True
 
 
 if __name__ == "__main__":

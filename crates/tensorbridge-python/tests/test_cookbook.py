@@ -158,3 +158,9 @@ def _present(m):
         return True
     except ImportError:
         return False
+
+
+def test_tensor_from_another_process_says_why_not_on_the_host():
+    """GPU-only (CUDA IPC); its GPU run is in gpu/test_gpu_cookbook.py."""
+    r = recipe("tensor_from_another_process").main("cpu")
+    assert r == {"skipped": "no CUDA GPU"}
