@@ -3,7 +3,7 @@
 //! host), keeps memory alive until the device is done with it, and asks the driver what an
 //! address is. The cudarc, tch and Python adapters all use it; it depends only on the core and
 //! on cudarc's driver bindings, whose `CudaContext` and `CudaStream` are the currency of Rust
-//! CUDA code.
+//! CUDA code (and on libc, for the shared-memory files of [`ipc`]).
 //!
 //! | what | call | host blocked? |
 //! |---|---|---|
@@ -19,6 +19,7 @@
 //! | graph capture | [`capture_status`] | no |
 //! | stream names | [`stream_of`], [`stream_from_raw`], [`raw_stream`] | no |
 //! | a foreign stream (PyTorch's, CuPy's) as a cudarc stream, for a scope | `unsafe` [`with_stream_raw`] | no |
+//! | a tensor shared with another process of this machine | [`ipc::export`], [`ipc::import`], `unsafe` [`ipc::import_raw`] | no |
 //!
 //! ```no_run
 //! use std::sync::Arc;

@@ -111,6 +111,8 @@ pub use lifetime::{HOLDERS, MAX_CONSUMERS};
 pub use wire::{DeviceUuid, IpcHandle, MAX_NDIM, ProcessId, VERSION};
 
 #[cfg(doc)]
+use crate::Error;
+#[cfg(doc)]
 use tensorbridge::Tensor;
 
 /// Something this process noticed about another process of a share.
