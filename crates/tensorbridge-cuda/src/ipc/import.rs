@@ -108,7 +108,10 @@ enum ReleaseOn {
 }
 
 /// A hold in the retire queue (counted, so the reaper knows something is pending).
-struct Retiring(#[allow(dead_code)] Arc<Held>);
+struct Retiring {
+    /// Never read: held until the retire queue drops it.
+    _held: Arc<Held>,
+}
 
 impl Drop for Retiring {
     fn drop(&mut self) {
@@ -122,7 +125,7 @@ impl Drop for Lease {
             return;
         };
         RETIRING.fetch_add(1, Ordering::SeqCst);
-        let owner: Owner = Arc::new(Retiring(held));
+        let owner: Owner = Arc::new(Retiring { _held: held });
         match &self.on {
             // SAFETY: the caller of `import_raw` vouched that `stream` stays live as long as
             // the tensor or a clone of it lives; this runs as the last clone's owner drops,
@@ -327,19 +330,21 @@ fn plan(handle: &IpcHandle, consumer: Stream) -> Result<Plan, Error> {
     }
     super::collect();
     let x = handle.fields();
-    if x.producer == me() {
-        return local(&x.slot)
-            .map(Plan::Own)
-            .map_err(|r| refusal(r, x.producer));
-    }
-    let ordinal = ordinal_of(x.uuid)?;
     if x.memory == Memory::None {
+        let ordinal = ordinal_of(x.uuid)?;
         let desc = x.descriptor_at(0, Device::cuda(ordinal))?;
         // SAFETY: a tensor without elements has no bytes to keep valid.
         let t = unsafe { Tensor::from_descriptor(desc, Arc::new(())) };
         return Ok(Plan::Empty(t));
     }
-    Ok(Plan::Map { ordinal })
+    if x.producer == me() {
+        return local(&x.slot)
+            .map(Plan::Own)
+            .map_err(|r| refusal(r, x.producer));
+    }
+    Ok(Plan::Map {
+        ordinal: ordinal_of(x.uuid)?,
+    })
 }
 
 /// Opens a share on a cudarc stream: the tensor over the producer's memory (mapped in this

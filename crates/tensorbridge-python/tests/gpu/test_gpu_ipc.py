@@ -294,6 +294,7 @@ def _reseal(b: bytearray):
 
 def test_damaged_and_forged_handles_are_refused(worker):
     torch = pytest.importorskip("torch")
+    worker.settle()  # no mapping of this allocation left open from earlier tests
     x = torch.arange(N, dtype=torch.float32, device="cuda")
     h = tb.share(x)
     good = bytes(h)
@@ -325,12 +326,15 @@ def test_a_released_share_is_refused(worker):
     h = tb.share(x, consumers=0)  # openable only while h lives
     data = bytes(h)
     assert worker.open_error(data) is None
+    assert worker.settle(), "the consumer still holds the share"
     del h
     gc.collect()
     kind, message = worker.open_error(data)
     assert kind == "ValueError" and "released by its producer" in message, message
+    h = tb.share(x, consumers=0)
     with pytest.raises(ValueError, match="per-thread default stream"):
-        tb.open(tb.share(x), stream=2)
+        tb.open(h, stream=2)
+    del h
 
 
 def test_memory_it_cannot_share_is_refused_with_the_reason():
