@@ -106,11 +106,18 @@ def serve(conn):
 
 
 def ready():
+    """Imports tensorbridge and PyTorch (when present) and initialises CUDA, so that what the
+    parent times next is not this process's start-up."""
     import tensorbridge  # noqa: F401
 
     from gpu_frameworks import cudart
 
     cudart().check(cudart().lib.cudaFree(None), "cudaFree(0)")  # the runtime's context
+    try:
+        import torch
+    except ImportError:
+        return os.getpid()
+    torch.zeros(1, device="cuda").cpu()
     return os.getpid()
 
 
