@@ -24,7 +24,11 @@ fn driver_version() -> i32 {
         // SAFETY: libcuda is loaded (callers checked `ensure_driver`); the driver writes one
         // int through a pointer to a live local.
         let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
-        if rc == sys::CUresult::CUDA_SUCCESS { v } else { 0 }
+        if rc == sys::CUresult::CUDA_SUCCESS {
+            v
+        } else {
+            0
+        }
     })
 }
 
@@ -55,7 +59,9 @@ fn uuid_of(ordinal: i32) -> Result<DeviceUuid, Error> {
     let mut dev: sys::CUdevice = 0;
     // SAFETY: the driver is initialised (`init`); it writes one int through a pointer to a
     // live local.
-    Error::check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
+    Error::check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
     let mut uuid = MaybeUninit::<sys::CUuuid>::zeroed();
     // SAFETY: `dev` is a device the driver just named; it writes 16 bytes into a live local.
     Error::check("cuDeviceGetUuid_v2", unsafe {
@@ -128,8 +134,7 @@ pub(crate) fn check_shareable(base: usize, ordinal: u32) -> Result<(), Error> {
     let mut vmm: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: the driver writes one handle through a pointer to a live local; `base` is only
     // looked up. A successful call retains the allocation handle, released just below.
-    let retained =
-        unsafe { sys::cuMemRetainAllocationHandle(&mut vmm, base as *mut c_void) };
+    let retained = unsafe { sys::cuMemRetainAllocationHandle(&mut vmm, base as *mut c_void) };
     if retained == sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the handle the successful call above retained, released once.
         let _ = unsafe { sys::cuMemRelease(vmm) };
@@ -302,7 +307,9 @@ impl IpcEvent {
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
             | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: a context is current; the driver writes one event into a live local.
-        Error::check("cuEventCreate", unsafe { sys::cuEventCreate(&mut raw, flags) })?;
+        Error::check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, flags)
+        })?;
         let mut h = MaybeUninit::<sys::CUipcEventHandle>::zeroed();
         // SAFETY: `raw` is the interprocess event just made; the driver writes 64 bytes into
         // a live local.
@@ -376,7 +383,9 @@ fn private_stream(ordinal: u32) -> Result<StreamHandle, Error> {
     let mut raw: sys::CUstream = std::ptr::null_mut();
     let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
     // SAFETY: a context is current; the driver writes one stream into a live local.
-    Error::check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut raw, flags) })?;
+    Error::check("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut raw, flags)
+    })?;
     // A stream handle is an address, never 0, 1 or 2.
     let handle = StreamHandle::new(raw as usize).ok_or(Error::Driver {
         call: "cuStreamCreate",

@@ -292,7 +292,11 @@ fn refusal(r: Refusal, producer: ProcessId) -> Error {
 /// # Safety
 /// The caller guarantees:
 /// 1. `stream` is a live stream of `ctx` (or a default-stream sentinel) for the call.
-unsafe fn wait(event: &Arc<ImportedEvent>, ctx: &CudaContext, stream: sys::CUstream) -> Result<(), Error> {
+unsafe fn wait(
+    event: &Arc<ImportedEvent>,
+    ctx: &CudaContext,
+    stream: sys::CUstream,
+) -> Result<(), Error> {
     let _bound = bind(ctx)?;
     // SAFETY: `stream` is live and its context current (obligation 1).
     let capture = unsafe { capture_of(stream) }?;

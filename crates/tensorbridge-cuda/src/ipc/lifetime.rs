@@ -138,7 +138,9 @@ fn nonce() -> u64 {
 
 /// A lifetime file's path.
 pub(crate) fn path(uid: u32, pid: u32, nonce: u64) -> PathBuf {
-    PathBuf::from(format!("{SHM_DIR}/tensorbridge-ipc-{uid}-{pid}-{nonce:016x}"))
+    PathBuf::from(format!(
+        "{SHM_DIR}/tensorbridge-ipc-{uid}-{pid}-{nonce:016x}"
+    ))
 }
 
 fn os_error(op: &'static str, path: &std::path::Path, e: &std::io::Error) -> Error {
@@ -199,8 +201,13 @@ fn map_file(file: &File, len: usize, path: &std::path::Path) -> Result<NonNull<u
     if p == libc::MAP_FAILED {
         return Err(os_error("map", path, &std::io::Error::last_os_error()));
     }
-    NonNull::new(p.cast::<u8>())
-        .ok_or_else(|| os_error("map", path, &std::io::Error::from_raw_os_error(libc::ENOMEM)))
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| {
+        os_error(
+            "map",
+            path,
+            &std::io::Error::from_raw_os_error(libc::ENOMEM),
+        )
+    })
 }
 
 impl SlotFile {
@@ -288,7 +295,11 @@ impl SlotFile {
 
     /// Maps the lifetime file of `producer`'s share (a consumer). `Ok(None)` when there is
     /// no such file; errors for a file that cannot be opened or is not what the handle says.
-    pub(crate) fn open(producer: ProcessId, uid: u32, nonce: u64) -> Result<Option<SlotFile>, Error> {
+    pub(crate) fn open(
+        producer: ProcessId,
+        uid: u32,
+        nonce: u64,
+    ) -> Result<Option<SlotFile>, Error> {
         let path = path(uid, producer.pid, nonce);
         let file = match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(f) => f,
@@ -520,7 +531,9 @@ impl Drop for Registration {
     fn drop(&mut self) {
         // Start time first: an entry with a pid and no start time is one being claimed, which
         // a reader never mistakes for a dead holder of another start time.
-        self.file.holder_start(self.slot, self.index).store(0, SeqCst);
+        self.file
+            .holder_start(self.slot, self.index)
+            .store(0, SeqCst);
         self.file.holder_pid(self.slot, self.index).store(0, SeqCst);
     }
 }
@@ -619,7 +632,11 @@ mod tests {
             SlotFile::open(other, uid(), p.nonce),
             Err(Error::IpcLifetimeFile { op: "read", .. })
         ));
-        assert!(SlotFile::open(p.producer, uid(), p.nonce ^ 1).unwrap().is_none());
+        assert!(
+            SlotFile::open(p.producer, uid(), p.nonce ^ 1)
+                .unwrap()
+                .is_none()
+        );
         std::fs::remove_file(&p.path).unwrap();
     }
 
@@ -640,7 +657,11 @@ mod tests {
         p.close(5);
         // Closed, no tickets: no one else.
         assert_eq!(c.register(5, 9, &mut dead).err(), Some(Refusal::Released));
-        assert_eq!(p.holders(5).len(), 2, "the refused claim gave its entry back");
+        assert_eq!(
+            p.holders(5).len(),
+            2,
+            "the refused claim gave its entry back"
+        );
         assert!(!p.is_released(5, &mut dead), "held by live processes");
         drop(r);
         assert!(!p.is_released(5, &mut dead));
@@ -658,7 +679,10 @@ mod tests {
         p.close(0);
         assert!(!p.is_released(0, &mut dead), "two tickets left");
         let r = c.register(0, 1, &mut dead).unwrap();
-        assert!(c.take_ticket(0, 1).is_ok(), "the producer's own process takes one too");
+        assert!(
+            c.take_ticket(0, 1).is_ok(),
+            "the producer's own process takes one too"
+        );
         assert_eq!(p.tickets(0), 0);
         assert_eq!(c.take_ticket(0, 1), Err(Refusal::Released));
         assert!(!p.is_released(0, &mut dead));
@@ -678,7 +702,10 @@ mod tests {
         // A live process caught between its two writes: held.
         p.holder_pid(1, 7).store(me().pid, SeqCst);
         p.close(1);
-        assert!(!p.is_released(1, &mut dead), "the half-claimed entry counts");
+        assert!(
+            !p.is_released(1, &mut dead),
+            "the half-claimed entry counts"
+        );
         assert_eq!(
             dead,
             [ProcessId {
@@ -712,7 +739,11 @@ mod tests {
             p.holder_start(2, i).store(7 | WRITTEN, SeqCst);
         }
         let r = c.register(2, 1, &mut dead).unwrap();
-        assert_eq!(dead.len(), HOLDERS, "every dead entry taken back and reported");
+        assert_eq!(
+            dead.len(),
+            HOLDERS,
+            "every dead entry taken back and reported"
+        );
         assert_eq!(p.holders(2), [me().pid]);
         drop(r);
         std::fs::remove_file(&p.path).unwrap();
@@ -763,7 +794,11 @@ mod tests {
         p.assign(3, 11, 1);
         p.close(3);
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "ipc::lifetime::tests::child_holds_and_exits", "--nocapture"])
+            .args([
+                "--exact",
+                "ipc::lifetime::tests::child_holds_and_exits",
+                "--nocapture",
+            ])
             .env(
                 "TB_LIFETIME_CHILD",
                 format!("{}:{}:{}:3:11", me.pid, me.start, p.nonce),

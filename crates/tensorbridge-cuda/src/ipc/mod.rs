@@ -147,7 +147,9 @@ fn report(r: Report) {
         ),
         Report::ProducerGone { pid } => (
             1,
-            format!("the producer process {pid} of a shared tensor exited before this process released it"),
+            format!(
+                "the producer process {pid} of a shared tensor exited before this process released it"
+            ),
         ),
     };
     // Once per kind and process on stderr, as PyTorch warns about its own shares; every

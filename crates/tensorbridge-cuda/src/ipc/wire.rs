@@ -468,11 +468,7 @@ pub(crate) fn decode(b: &[u8]) -> Result<Fields, Error> {
     }
     let has_event = flags & FLAG_EVENT != 0;
     if !has_event && event_handle != [0; 64] {
-        return Err(field(
-            "event handle",
-            1,
-            "zeros when no event is flagged",
-        ));
+        return Err(field("event handle", 1, "zeros when no event is flagged"));
     }
     let packing = if flags & FLAG_PADDED != 0 {
         Packing::Padded

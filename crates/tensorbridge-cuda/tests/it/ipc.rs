@@ -149,7 +149,10 @@ fn the_documented_format_decodes() {
         strides: vec![5, 1],
         ..spec()
     };
-    assert_eq!(IpcHandle::from_bytes(&encode(&empty)).unwrap().shape(), [0, 5]);
+    assert_eq!(
+        IpcHandle::from_bytes(&encode(&empty)).unwrap().shape(),
+        [0, 5]
+    );
 }
 
 #[test]
@@ -215,17 +218,77 @@ fn forged_fields_are_refused() {
             other => panic!("{name}: {other:?}"),
         }
     };
-    field(Spec { flags: 1 << 3, ..spec() }, "flags");
-    field(Spec { memory: 2, ..spec() }, "memory kind");
-    field(Spec { reserved: 1, ..spec() }, "reserved bytes");
+    field(
+        Spec {
+            flags: 1 << 3,
+            ..spec()
+        },
+        "flags",
+    );
+    field(
+        Spec {
+            memory: 2,
+            ..spec()
+        },
+        "memory kind",
+    );
+    field(
+        Spec {
+            reserved: 1,
+            ..spec()
+        },
+        "reserved bytes",
+    );
     field(Spec { pid: 0, ..spec() }, "producer process id");
-    field(Spec { alloc_size: 0, ..spec() }, "allocation size");
-    field(Spec { alloc_size: (1 << 48) + 1, ..spec() }, "allocation size");
-    field(Spec { base_offset: 2 << 20, ..spec() }, "base offset");
-    field(Spec { producer_base: 0, ..spec() }, "allocation start");
-    field(Spec { producer_base: u64::MAX - 4096, ..spec() }, "allocation start");
-    field(Spec { generation: 0, ..spec() }, "slot generation");
-    field(Spec { generation: 1 << 40, ..spec() }, "slot generation");
+    field(
+        Spec {
+            alloc_size: 0,
+            ..spec()
+        },
+        "allocation size",
+    );
+    field(
+        Spec {
+            alloc_size: (1 << 48) + 1,
+            ..spec()
+        },
+        "allocation size",
+    );
+    field(
+        Spec {
+            base_offset: 2 << 20,
+            ..spec()
+        },
+        "base offset",
+    );
+    field(
+        Spec {
+            producer_base: 0,
+            ..spec()
+        },
+        "allocation start",
+    );
+    field(
+        Spec {
+            producer_base: u64::MAX - 4096,
+            ..spec()
+        },
+        "allocation start",
+    );
+    field(
+        Spec {
+            generation: 0,
+            ..spec()
+        },
+        "slot generation",
+    );
+    field(
+        Spec {
+            generation: 1 << 40,
+            ..spec()
+        },
+        "slot generation",
+    );
     field(Spec { flags: 0, ..spec() }, "event handle");
     field(
         Spec {
@@ -259,15 +322,27 @@ fn forged_fields_are_refused() {
     );
     // The core refuses bad layouts and dtypes.
     assert!(matches!(
-        IpcHandle::from_bytes(&encode(&Spec { dtype: (99, 32, 1), ..spec() })),
-        Err(Error::IpcHandleField { value: 0x6320_0001, .. })
+        IpcHandle::from_bytes(&encode(&Spec {
+            dtype: (99, 32, 1),
+            ..spec()
+        })),
+        Err(Error::IpcHandleField {
+            value: 0x6320_0001,
+            ..
+        })
     ));
     assert!(matches!(
-        IpcHandle::from_bytes(&encode(&Spec { shape: vec![-3, 4], ..spec() })),
+        IpcHandle::from_bytes(&encode(&Spec {
+            shape: vec![-3, 4],
+            ..spec()
+        })),
         Err(Error::Core(_))
     ));
     assert!(matches!(
-        IpcHandle::from_bytes(&encode(&Spec { base_offset: 1026, ..spec() })),
+        IpcHandle::from_bytes(&encode(&Spec {
+            base_offset: 1026,
+            ..spec()
+        })),
         Err(Error::Core(tensorbridge::Error::Misaligned { .. }))
     ));
     // A rank above 64.
@@ -278,7 +353,11 @@ fn forged_fields_are_refused() {
     };
     assert!(matches!(
         IpcHandle::from_bytes(&encode(&deep)),
-        Err(Error::IpcHandleField { field: "rank", value: 65, .. })
+        Err(Error::IpcHandleField {
+            field: "rank",
+            value: 65,
+            ..
+        })
     ));
     // A declared length that disagrees with the rank.
     let mut b = encode_declared(&spec(), Some(248 + 16 * 3));
@@ -316,7 +395,10 @@ fn without_a_driver_export_and_import_say_so() {
     assert!(matches!(ipc::export(&cuda, 1), Err(Error::NoDriver)));
     assert!(matches!(
         ipc::export(&cuda, 1 << 23),
-        Err(Error::IpcHandleField { field: "consumer count", .. })
+        Err(Error::IpcHandleField {
+            field: "consumer count",
+            ..
+        })
     ));
     let h = IpcHandle::from_bytes(&encode(&spec())).unwrap();
     // SAFETY: the legacy default stream is always live; without a driver nothing runs.

@@ -81,10 +81,8 @@ fn to_host(stream: &Arc<CudaStream>, ptr: u64, n: usize) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];
     // SAFETY: `out` holds `n` floats; `ptr` is a live allocation of at least `4 n` bytes the
     // caller names; the copy is complete after the synchronisation below, before `out` is read.
-    unsafe {
-        sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), ptr, n * 4, stream.cu_stream())
-    }
-    .result()?;
+    unsafe { sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), ptr, n * 4, stream.cu_stream()) }
+        .result()?;
     stream.synchronize()?;
     Ok(out)
 }
@@ -254,7 +252,11 @@ fn consumer(role: &str, say: &dyn Fn(&str, &dyn std::fmt::Display)) -> Result<()
             let t = ipc::import(&handle, &c)?;
             // The ordered copy runs on `c`, which waited for the producer; the control on a
             // fresh stream that did not.
-            let on = if role == "busy" { c.clone() } else { ctx.new_stream()? };
+            let on = if role == "busy" {
+                c.clone()
+            } else {
+                ctx.new_stream()?
+            };
             let t0 = Instant::now();
             Affine::copy(t.data_ptr() as u64, out.ptr, N).launch(&k, &on)?;
             say("launched_us", &t0.elapsed().as_micros());
@@ -333,7 +335,10 @@ fn ipc_roundtrip_writes_both_ways_and_releases_once() -> Result<()> {
     assert_eq!(peer.expect("written")?, "1");
     peer.finish()?;
     let first = to_host(&a, ptr, 2)?;
-    assert_eq!(first[0], -1.0, "the producer does not see the consumer's write");
+    assert_eq!(
+        first[0], -1.0,
+        "the producer does not see the consumer's write"
+    );
     assert_eq!(first[1], 3.0);
     assert_eq!(shared.tickets_left(), 0, "the consumer took its ticket");
     drop(shared);
@@ -373,9 +378,15 @@ fn ipc_busy_producer_is_waited_for_on_the_gpu_and_the_control_races() -> Result<
                 busy_after,
                 "the producer finished before the consumer had launched: a host waited"
             );
-            assert_eq!(wrong, 0, "the consumer read before the producer had written");
+            assert_eq!(
+                wrong, 0,
+                "the consumer read before the producer had written"
+            );
         } else {
-            assert!(wrong > 0, "the unordered control read final values: no race was shown");
+            assert!(
+                wrong > 0,
+                "the unordered control read final values: no race was shown"
+            );
         }
         drop(shared);
         a.synchronize()?;
@@ -402,7 +413,9 @@ fn ipc_memory_stays_until_the_consumer_has_read_it() -> Result<()> {
     peer.send(&bytes)?;
     let dropped_ms: u128 = peer.expect("dropped_ms")?.parse()?;
     let released = eventually(|| counter.drops() == 1).context("not released")?;
-    let released_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis()
+    let released_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis()
         - released.elapsed().as_millis();
     assert_eq!(peer.expect("wrong")?, "0", "the consumer read freed memory");
     peer.finish()?;
@@ -475,7 +488,11 @@ fn ipc_open_in_the_producer_process_is_the_producer_tensor() -> Result<()> {
     assert_eq!(shared.tickets_left(), 0);
     drop((t, shared));
     ipc::collect();
-    assert_eq!(counter.drops(), 0, "the imported tensor still holds the memory");
+    assert_eq!(
+        counter.drops(),
+        0,
+        "the imported tensor still holds the memory"
+    );
     drop(mine);
     assert_eq!(counter.drops(), 1);
     Ok(())
@@ -509,7 +526,10 @@ fn ipc_refuses_memory_legacy_ipc_cannot_share() -> Result<()> {
     let t = unsafe { tensor_at(managed, 1024, Arc::new(()), Ready::Now) }?;
     let r = ipc::export(&t, 1);
     assert!(
-        matches!(r, Err(Error::IpcMemoryType { .. } | Error::MemoryTypeMismatch { .. })),
+        matches!(
+            r,
+            Err(Error::IpcMemoryType { .. } | Error::MemoryTypeMismatch { .. })
+        ),
         "{r:?}"
     );
     drop(t);
