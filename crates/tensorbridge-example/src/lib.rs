@@ -13,11 +13,11 @@
 //! - `axpy_ptr(alpha, x_ptr, y_ptr, n, stream)`: the same kernel on contiguous float32
 //!   device pointers and a stream handle extracted beforehand, nothing checked or ordered:
 //!   the benchmark's floor (`benches/python/compare.py`), not an API to copy.
-//! - `nop3(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three tensors of any framework
-//!   taken as [`AnyTensor`] (imported, validated, their owners held for the call) and their
-//!   total element count returned; the same with no argument; the same three through
-//!   dlpark 0.10's own PyO3 import. The per-call benchmark's subjects
-//!   (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
+//! - `nop3(x, y, z)` / `nop3_owned(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three
+//!   tensors of any framework taken as [`TensorArg`] (imported, validated, borrowed for the
+//!   call) or as [`AnyTensor`] (owned), and their total element count returned; the same with
+//!   no argument; the same three through dlpark 0.10's own PyO3 import. The per-call
+//!   benchmark's subjects (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
@@ -28,7 +28,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tensorbridge_cudarc::KernelLayout;
-use tensorbridge_pyo3::{AnyTensor, Error};
+use tensorbridge_pyo3::{AnyTensor, Error, TensorArg};
 
 /// Sums a float32 host tensor from any framework, without copying it.
 #[pyfunction]
@@ -63,14 +63,11 @@ extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
 /// `y += alpha * x` in place on float32 CUDA tensors of one shape (any strides), from
 /// PyTorch, CuPy, JAX...: our kernel, on the framework's current stream.
 #[pyfunction]
-fn axpy(alpha: f32, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<()> {
-    tensorbridge_pyo3::kernel_call(&[x, y], |call| {
-        let xv = call.input::<f32>(0)?;
-        let mut yv = call.output::<f32>(1)?; // ValueError if y overlaps x or itself
-        if xv.shape() != yv.shape() {
-            let msg = format!("x has shape {:?} but y {:?}", xv.shape(), yv.shape());
-            return Err(PyValueError::new_err(msg).into());
-        }
+fn axpy(alpha: f32, x: TensorArg<'_, '_>, y: TensorArg<'_, '_>) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call(&[&x, &y], |call| {
+        call.same_shape(&[&x, &y])?; // ValueError naming both shapes
+        let xv = call.input::<f32>(&x)?;
+        let mut yv = call.output::<f32>(&y)?; // ValueError if y overlaps x or itself
         let n = yv.numel();
         if n == 0 {
             return Ok(());
@@ -129,10 +126,17 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
         .map_err(|e| to_py_err(&e))?
 }
 
-/// Takes three tensors from any framework, zero-copy, and returns their total element count:
-/// what it costs to cross into Rust with three framework tensors.
+/// Takes three tensors from any framework, zero-copy, borrowed for the call, and returns their
+/// total element count: what it costs to cross into Rust with three framework tensors.
 #[pyfunction]
-fn nop3(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
+fn nop3(x: TensorArg<'_, '_>, y: TensorArg<'_, '_>, z: TensorArg<'_, '_>) -> u64 {
+    x.descriptor().numel() + y.descriptor().numel() + z.descriptor().numel()
+}
+
+/// [`nop3`] with owned tensors ([`AnyTensor`]: each kept by an owner that may outlive the
+/// call), for the benchmark's comparison of the two modes.
+#[pyfunction]
+fn nop3_owned(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
     x.0.numel() + y.0.numel() + z.0.numel()
 }
 
@@ -163,6 +167,7 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(axpy, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(nop3, m)?)?;
+    m.add_function(wrap_pyfunction!(nop3_owned, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
     Ok(())

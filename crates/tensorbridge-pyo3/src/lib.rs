@@ -148,25 +148,27 @@ mod python;
 mod share;
 
 use pyo3::prelude::*;
-use tensorbridge::Tensor;
+use tensorbridge::{Descriptor, Ready, Tensor, TensorRef};
 
 pub use error::{Error, Result};
 pub use export::view::View;
-pub use kernel::{KernelCall, StreamSource, kernel_call};
+pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 
-/// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
-/// enqueued on any stream: the tensor carries the producer's readiness (PyTorch's current
-/// stream through the DLPack C exchange API; the legacy default stream, which
+/// Imports any Python tensor or array zero-copy, in the order of the crate docs, as an owned
+/// [`Tensor`]: its owner pins the memory (for PyTorch, the tensor's storage), so it may be
+/// kept, sent to other threads and exported. Nothing is enqueued on any stream: the tensor
+/// carries the producer's readiness (PyTorch's current stream, or an event recorded on it
+/// when PyTorch does not own that stream; the legacy default stream, which
 /// `__dlpack__(stream=None)` orders, for other DLPack producers; the CUDA Array Interface's
 /// `stream`), and whoever uses it on a stream orders against that
 /// ([`tensorbridge_cuda::make_ready_on`], the cudarc adapter's views, `View.__dlpack__`).
+/// For an argument used only within one call, [`TensorArg`] costs less.
 ///
 /// Safe: it trusts the producer's protocol implementation as every consumer does (DLPack
 /// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
 /// streams they name live as long as the framework requires of its users).
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-    // SAFETY: no stream: only the legacy default stream is named, which is always live.
-    Ok(unsafe { import::import(obj, None) }?)
+    Ok(import::import_tensor(obj, import::Consumer::NONE)?)
 }
 
 /// [`import`] for a caller who will use the data on `stream` (DLPack's integer conventions:
@@ -174,13 +176,13 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 /// `torch.cuda.current_stream().cuda_stream` and CuPy's `Stream.null.ptr` are for the
 /// default stream, read as the CUDA runtime reads a null stream: the legacy default stream).
 /// On return, work enqueued on that stream sees the producer's data; the host is never
-/// blocked.
+/// blocked. The tensor's readiness never names `stream` (an event recorded on it stands in
+/// when needed), so `stream` need only live for the call.
 ///
 /// # Safety
 /// 1. A handle in `stream` names a live CUDA stream of the device the data is on (in its
-///    primary context, as PyTorch's, CuPy's and JAX's streams are) during the call, and for
-///    as long as the returned tensor or a clone of it lives (its readiness may name it);
-///    `2` (the per-thread default stream) is used only on the calling thread.
+///    primary context, as PyTorch's, CuPy's and JAX's streams are) during the call; `2` (the
+///    per-thread default stream) is used only on the calling thread.
 pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
     // A null `cudaStream_t` is the legacy default stream (DLPack calls 0 ambiguous because a
     // per-thread-default build reads it otherwise; PyTorch and CuPy hand out 0 for their
@@ -189,11 +191,14 @@ pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyRe
         Some(0) => Some(1),
         other => other,
     };
-    // SAFETY: obligation 1 is `import`'s (0 became 1, the always-live legacy stream).
-    Ok(unsafe { import::import(obj, stream) }?)
+    // SAFETY: obligation 1 is `Consumer::assume`'s (0 became 1, the always-live legacy
+    // stream).
+    let consumer = unsafe { import::Consumer::assume(stream) }?;
+    Ok(import::import_tensor(obj, consumer)?)
 }
 
-/// A function argument that accepts any Python tensor or array ([`import`]).
+/// A function argument that accepts any Python tensor or array ([`import`]), owned: it may
+/// outlive the call.
 #[derive(Clone, Debug)]
 pub struct AnyTensor(pub Tensor);
 
@@ -202,6 +207,101 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyTensor {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         import(&obj).map(AnyTensor)
+    }
+}
+
+/// A function argument that accepts any Python tensor or array, borrowed for the call:
+/// imported as [`import`] imports it (the same routes, checks, refusals and readiness), but
+/// with no owner of its own: its memory is pinned by a plain reference (a PyTorch storage, a
+/// held buffer, a managed tensor) or by the argument itself, which the call holds. What it
+/// offers ends with the call: [`TensorArg::as_ref`], host views, [`kernel_call`]. Anything
+/// that must outlive the call takes [`TensorArg::to_tensor`].
+///
+/// ```no_run
+/// use pyo3::prelude::*;
+/// use tensorbridge_pyo3::TensorArg;
+///
+/// /// Sums a float32 host array from any framework, without copying it or keeping it.
+/// #[pyfunction]
+/// fn total(x: TensorArg<'_, '_>) -> Result<f32, tensorbridge_pyo3::Error> {
+///     Ok(x.as_ref().as_slice::<f32>()?.iter().sum())
+/// }
+/// ```
+pub struct TensorArg<'a, 'py> {
+    obj: Borrowed<'a, 'py, PyAny>,
+    imported: import::Imported,
+}
+
+impl<'a, 'py> TensorArg<'a, 'py> {
+    /// Imports `obj` for as long as it is borrowed ([`TensorArg`]).
+    pub fn new(obj: Borrowed<'a, 'py, PyAny>) -> Result<TensorArg<'a, 'py>> {
+        let imported = import::import(&obj, import::Consumer::NONE)?;
+        Ok(TensorArg { obj, imported })
+    }
+
+    /// The Python object.
+    pub fn object(&self) -> &Borrowed<'a, 'py, PyAny> {
+        &self.obj
+    }
+
+    /// The validated description.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.imported.desc
+    }
+
+    /// Where the data becomes ready.
+    pub fn ready(&self) -> &Ready {
+        &self.imported.ready
+    }
+
+    /// The tensor borrowed from this argument: what ordering, device views for a launch and
+    /// host views need ([`TensorRef::host_view`], [`TensorRef::as_slice`]).
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        // SAFETY: from_parts \[span\] and \[no-race\]: the import's pin, which `self` holds
+        // (or the argument it borrows, which the call holds), keeps the span valid as long as
+        // `self` is borrowed; \[ready\]: the import's readiness is true and names only
+        // streams that outlive the tensor (the import's invariants).
+        unsafe { TensorRef::from_parts(&self.imported.desc, &self.imported.ready) }
+    }
+
+    /// An owned [`Tensor`] of the same memory, for what must outlive the call: the owner
+    /// holds what pins the memory. Its readiness is settled (thread-bound streams become
+    /// events) so it may cross threads.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        let mut ready = self.imported.ready.clone();
+        if import::needs_settling(&ready, self.imported.desc.device().kind) {
+            ready = import::settled(&self.imported.desc, &ready)?;
+        }
+        let owner = self.imported.owner(&self.obj);
+        // SAFETY: from_descriptor: the owner holds the pin (`Imported::owner`), which keeps
+        // the span valid (the import's invariants);
+        let tensor = unsafe { Tensor::from_descriptor(self.imported.desc.clone(), owner) };
+        // SAFETY: with_ready: the import's readiness, settled: true, naming only streams that
+        // outlive the tensor and none bound to this thread.
+        Ok(unsafe { tensor.with_ready(ready) })
+    }
+
+    /// The framework stream the import found for this argument (PyTorch's current stream),
+    /// for `kernel_call`'s choice of stream.
+    pub(crate) fn imported(&self) -> &import::Imported {
+        &self.imported
+    }
+}
+
+impl std::fmt::Debug for TensorArg<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorArg")
+            .field("desc", &self.imported.desc)
+            .field("ready", &self.imported.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for TensorArg<'a, 'py> {
+    type Error = Error;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> Result<Self> {
+        TensorArg::new(obj)
     }
 }
 

@@ -304,8 +304,14 @@ unsafe extern "C" fn managed_tensor_to_py_object_no_sync(
         };
         // Pinned and managed memory: the legacy stream of this thread's current device
         // becomes an event, so the view can cross threads.
-        let mut t = t;
-        crate::import::settle(&mut t)?;
+        let t = if crate::import::needs_settling(t.ready(), t.device().kind) {
+            let ready = crate::import::settled(t.descriptor(), t.ready())?;
+            // SAFETY: an event recorded on the stream the readiness named, capturing the same
+            // work (`settled`).
+            unsafe { t.with_ready(ready) }
+        } else {
+            t
+        };
         let view = Bound::new(py, View::new(t))?;
         // SAFETY: as above; the caller owns the new reference.
         unsafe { out.write(view.into_ptr().cast()) };

@@ -16,8 +16,8 @@ use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 use crate::convert::stream_from_py;
 use crate::copy;
 use crate::error::{Error, Result};
-use crate::import::capsule::{legacy_capsule, versioned_capsule};
-use crate::import::interfaces::{array_to_py, cai_to_py};
+use crate::export::capsule::{legacy_capsule, versioned_capsule};
+use crate::export::interfaces::{array_to_py, cai_to_py};
 
 /// A zero-copy view of tensor memory that someone else owns, which keeps that memory (and
 /// the object it came from) alive while the view, or anything made from it, lives.

@@ -67,6 +67,10 @@ const _: () = {
 
 /// `PyBUF_FORMAT`: ask for the struct-module format string.
 pub(crate) const PYBUF_FORMAT: c_int = 0x0004;
+/// `PyBUF_SIMPLE`: one C-contiguous run of bytes, no shape or strides.
+pub(crate) const PYBUF_SIMPLE: c_int = 0;
+/// `PyBUF_WRITABLE`: refuse unless the memory may be written.
+pub(crate) const PYBUF_WRITABLE: c_int = 0x0001;
 /// `PyBUF_ND | PyBUF_STRIDES`: ask for shape and strides (any layout).
 pub(crate) const PYBUF_STRIDES: c_int = 0x0010 | 0x0008;
 

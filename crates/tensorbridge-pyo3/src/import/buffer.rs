@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use tensorbridge::{Access, Layout, RawTensor, Tensor};
+use tensorbridge::{Access, Layout, RawTensor, Ready};
 
 use crate::convert::dtype_from_format;
 use crate::error::{Error, Result};
-use crate::ffi::{PYBUF_FORMAT, PYBUF_STRIDES};
+use crate::ffi::{PYBUF_FORMAT, PYBUF_SIMPLE, PYBUF_STRIDES, PYBUF_WRITABLE};
+use crate::import::{Imported, Pin};
 use crate::owner::HeldBuffer;
 
 /// Shapes and strides of up to 8 dimensions without a heap allocation.
@@ -34,10 +35,10 @@ fn strides_in_elements(bytes: &[i64], itemsize: usize) -> Result<Dims> {
 /// that are not whole elements, and any dimension of size 0 or 1 (NumPy's buffer rewrites
 /// the strides of those, its `__dlpack__` does not). The caller then takes the general way,
 /// whose answer is the one it always gave.
-pub(crate) fn ndarray(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
+pub(crate) fn ndarray(obj: &Bound<'_, PyAny>) -> Result<Option<Imported>> {
     match get(obj) {
         // A refusal drops `held`, which releases the buffer.
-        Ok(held) if exact(&held) => Ok(tensor(held).ok()),
+        Ok(held) if exact(&held) => Ok(imported(held).ok()),
         Ok(_) => Ok(None),
         // Not this way; the general way asks NumPy again and reports its refusal.
         Err(_) => Ok(None),
@@ -75,9 +76,29 @@ fn get(obj: &Bound<'_, PyAny>) -> PyResult<Arc<HeldBuffer>> {
     HeldBuffer::get(obj, PYBUF_STRIDES | PYBUF_FORMAT)
 }
 
-/// The tensor a held buffer describes, zero-copy; the buffer is released when the last
-/// clone of the tensor is dropped.
-pub(crate) fn tensor(held: Arc<HeldBuffer>) -> Result<Tensor> {
+/// `obj`'s memory as one C-contiguous run of bytes (`PyBUF_SIMPLE`: `buf` is its first byte
+/// and `len` its length, whatever layout the exporter has), writable when the exporter
+/// allows it (asked with `PyBUF_WRITABLE` first, as NumPy asks for an array interface's
+/// `data`), read-only otherwise. `Ok(None)` when `obj` exports no buffer; an exporter that
+/// cannot give its memory as one run (a `memoryview` with steps) refuses with its own
+/// `BufferError`.
+pub(crate) fn hold_contiguous(obj: &Bound<'_, PyAny>) -> Result<Option<Arc<HeldBuffer>>> {
+    // Not writable (or no buffer at all): asked again read-only, which says which.
+    if let Ok(held) = HeldBuffer::get(obj, PYBUF_SIMPLE | PYBUF_WRITABLE) {
+        return Ok(Some(held));
+    }
+    match HeldBuffer::get(obj, PYBUF_SIMPLE) {
+        Ok(held) => Ok(Some(held)),
+        Err(err) if err.is_instance_of::<PyTypeError>(obj.py()) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What a held buffer describes, zero-copy; the held buffer is the pin (\[owner\]: released
+/// when the last user is dropped; the exporter keeps the memory until then, and NumPy
+/// refuses to resize an array while it is exported). The shape and strides are the
+/// exporter's description of its own memory (PEP 3118), trusted as NumPy trusts them.
+pub(crate) fn imported(held: Arc<HeldBuffer>) -> Result<Imported> {
     let view = held.view();
     if !view.suboffsets.is_null() {
         return Err(Error::Suboffsets);
@@ -131,10 +152,11 @@ pub(crate) fn tensor(held: Arc<HeldBuffer>) -> Result<Tensor> {
         ..RawTensor::host(view.buf.expose_provenance(), dtype, &shape)
     };
     let desc = raw.validate()?;
-    // SAFETY: the exporter keeps the buffer's memory valid (and writable unless read-only)
-    // until `PyBuffer_Release`, which `held` calls when the tensor's last clone drops it;
-    // the bytes the layout reaches are the ones the exporter described. Concurrent writes
-    // by Python code while a host view reads are the same hazard as with NumPy views, which
-    // the Python caller rules out by not mutating the exporter meanwhile.
-    Ok(unsafe { Tensor::from_descriptor(desc, held) })
+    // Concurrent writes by Python code while a host view reads are the same hazard as with
+    // NumPy views, which the Python caller rules out by not mutating the exporter meanwhile.
+    Ok(Imported {
+        desc,
+        ready: Ready::Now,
+        pin: Pin::Owner(held),
+    })
 }

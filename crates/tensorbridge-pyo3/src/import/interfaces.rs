@@ -1,14 +1,18 @@
-//! `__cuda_array_interface__` and `__array_interface__` dicts <-> the CAI adapter's plain
-//! values. Everything read here is untrusted: the adapter validates it.
+//! `__cuda_array_interface__` and `__array_interface__`: the dicts read into the CAI adapter's
+//! plain values (everything read here is untrusted: the adapter validates it), and the
+//! imports through them.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use tensorbridge::{DType, Device};
 use tensorbridge_cai::{
-    ArrayData, ArrayInterface, CudaArrayInterface, DataPointer, DescrField, DescrFormat, TypeStr,
+    ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, DescrField,
+    DescrFormat, ImportOptions, TypeKind, TypeStr,
 };
 
-use crate::convert::type_name;
+use crate::convert::{dtype_from_py, type_name};
 use crate::error::{Error, Result};
+use crate::import::{Consumer, Imported, Pin, buffer, order_consumer};
 
 /// Which dict a message is about.
 #[derive(Clone, Copy)]
@@ -105,11 +109,27 @@ fn pointer(which: Which, obj: &Bound<'_, PyAny>) -> Result<DataPointer> {
     Ok(DataPointer { address, readonly })
 }
 
+/// A `descr` list, read flat: `[(name, typestr)]` or `[(name, typestr, shape)]` entries.
+/// Only the default one-field form `[('', typestr)]` is ever accepted (the CAI adapter checks
+/// that), so a nested field (a format that is itself a list: a structured dtype) is refused
+/// here, without reading into it: a cyclic or deeply nested list from a producer is never
+/// walked (\[refuse\]).
 fn descr(which: Which, obj: &Bound<'_, PyAny>) -> Result<Vec<DescrField>> {
-    let expected = "a list of (name, format[, shape]) tuples";
+    let expected =
+        "a list of (name, typestr[, shape]) tuples (structured dtypes are not supported)";
     let list = obj
         .cast::<PyList>()
         .map_err(|_| bad(which, "descr", expected, describe(obj)))?;
+    // One field is all the only accepted form has; a longer list is refused without being
+    // read (its entries may be anything, itself included).
+    if list.len() > 1 {
+        return Err(bad(
+            which,
+            "descr",
+            expected,
+            format!("a list of {} fields", list.len()),
+        ));
+    }
     list.iter()
         .map(|item| {
             let t = item
@@ -125,10 +145,16 @@ fn descr(which: Which, obj: &Bound<'_, PyAny>) -> Result<Vec<DescrField>> {
                 _ => name_obj.str()?.to_string(),
             };
             let format_obj = t.get_item(1)?;
-            let format = if let Ok(s) = format_obj.cast::<PyString>() {
-                DescrFormat::TypeStr(s.to_cow()?.parse::<TypeStr>()?)
-            } else {
-                DescrFormat::Fields(descr(which, &format_obj)?)
+            let format = match format_obj.cast::<PyString>() {
+                Ok(s) => DescrFormat::TypeStr(s.to_cow()?.parse::<TypeStr>()?),
+                Err(_) => {
+                    return Err(bad(
+                        which,
+                        "descr",
+                        expected,
+                        format!("a field whose format is a {}", type_name(&format_obj)),
+                    ));
+                }
             };
             let shape = if t.len() == 3 {
                 Some(ints(which, "descr", &t.get_item(2)?)?)
@@ -236,68 +262,133 @@ pub(crate) fn read_array<'py>(
     Ok((ai, source))
 }
 
-fn descr_to_py<'py>(py: Python<'py>, fields: &[DescrField]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for f in fields {
-        let format = match &f.format {
-            DescrFormat::TypeStr(t) => t.to_string().into_pyobject(py)?.into_any(),
-            DescrFormat::Fields(nested) => descr_to_py(py, nested)?.into_any(),
-        };
-        let item = match &f.shape {
-            Some(shape) => PyTuple::new(
-                py,
-                [
-                    f.name.as_str().into_pyobject(py)?.into_any(),
-                    format,
-                    PyTuple::new(py, shape)?.into_any(),
-                ],
-            )?,
-            None => PyTuple::new(py, [f.name.as_str().into_pyobject(py)?.into_any(), format])?,
-        };
-        list.append(item)?;
+/// ml_dtypes gives `float8_e5m2` the typestr `<f1` (kind `f`, one byte) where its other
+/// 8-bit types say `<V1`: when the object's own `dtype` names a one-byte dtype the core knows,
+/// read `f1` as raw bytes of that dtype, as for `V1` (`descr` repeated the typestr; it goes
+/// too). NumPy itself has no one-byte float.
+fn one_byte_float(
+    obj: &Bound<'_, PyAny>,
+    typestr: &mut TypeStr,
+    descr: &mut Option<Vec<DescrField>>,
+) {
+    if typestr.kind != TypeKind::Float || typestr.size != Some(1) {
+        return;
     }
-    Ok(list)
+    let named = obj
+        .getattr("dtype")
+        .ok()
+        .and_then(|d| dtype_from_py(&d).ok())
+        .is_some_and(|(d, _)| d.itemsize() == 1 && d.code() != tensorbridge::DTypeCode::Float);
+    if named {
+        *typestr = TypeStr::new(
+            tensorbridge_cai::ByteOrder::NotApplicable,
+            TypeKind::Void,
+            1,
+        );
+        *descr = None;
+    }
 }
 
-/// The dict of a CUDA Array Interface export.
-pub(crate) fn cai_to_py<'py>(
-    py: Python<'py>,
-    cai: &CudaArrayInterface,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("shape", PyTuple::new(py, &cai.shape)?)?;
-    d.set_item("typestr", cai.typestr.to_string())?;
-    d.set_item("data", (cai.data.address, cai.data.readonly))?;
-    d.set_item("version", cai.version)?;
-    match &cai.strides {
-        Some(s) => d.set_item("strides", PyTuple::new(py, s)?)?,
-        None => d.set_item("strides", py.None())?,
+/// What `V` (raw bytes) typestrs mean: the object's own `dtype` attribute when it names a
+/// dtype of that size (a CuPy or NumPy array of an ml_dtypes type), else bfloat16 for `V2`
+/// (the one convention; see tensorbridge-cai).
+fn void_options(obj: &Bound<'_, PyAny>, typestr: TypeStr) -> ImportOptions {
+    if typestr.kind != TypeKind::Void {
+        return ImportOptions::new();
     }
-    if let Some(descr) = &cai.descr {
-        d.set_item("descr", descr_to_py(py, descr)?)?;
+    let size = typestr.size.unwrap_or(0);
+    let named = obj
+        .getattr("dtype")
+        .ok()
+        .and_then(|d| dtype_from_py(&d).ok())
+        .map(|(d, _)| d)
+        .filter(|d| d.storage_bits(tensorbridge::Packing::Padded) / 8 == size);
+    match (named, size) {
+        (Some(d), _) => ImportOptions::new().void_as(d),
+        (None, 2) => ImportOptions::new().void_as(DType::BFLOAT16),
+        _ => ImportOptions::new(),
     }
-    d.set_item("stream", cai.stream)?;
-    Ok(d)
 }
 
-/// The dict of an array interface export (pointer form).
-pub(crate) fn array_to_py<'py>(
-    py: Python<'py>,
-    ai: &ArrayInterface,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("shape", PyTuple::new(py, &ai.shape)?)?;
-    d.set_item("typestr", ai.typestr.to_string())?;
-    if let ArrayData::Pointer(p) = ai.data {
-        d.set_item("data", (p.address, p.readonly))?;
+/// `__cuda_array_interface__`: the device comes from the driver, which also checks that the
+/// span lies inside one allocation (\[span\]); without a driver a pointer cannot be checked
+/// and is refused (only a null pointer, for zero-size arrays, is taken, on `cuda:0`). The
+/// exporter is the pin: the interface fixes its memory, and its `stream`, for its life.
+pub(crate) fn from_cai(
+    obj: &Bound<'_, PyAny>,
+    cai: &Bound<'_, PyAny>,
+    consumer: Consumer,
+) -> Result<Imported> {
+    let mut cai = read_cai(&as_dict(Which::Cuda, cai)?)?;
+    one_byte_float(obj, &mut cai.typestr, &mut cai.descr);
+    let options = void_options(obj, cai.typestr);
+    let checked = cai.data.address != 0;
+    if checked && !tensorbridge_cuda::driver_present() {
+        return Err(Error::Unchecked {
+            addr: cai.data.address,
+            device: Device::cuda(0),
+        });
     }
-    d.set_item("version", ai.version)?;
-    match &ai.strides {
-        Some(s) => d.set_item("strides", PyTuple::new(py, s)?)?,
-        None => d.set_item("strides", py.None())?,
+    let device = if checked {
+        tensorbridge_cuda::inspect(cai.data.address)?.device()
+    } else {
+        Device::cuda(0)
+    };
+    let validated = cai.import(device, &options)?;
+    if checked {
+        tensorbridge_cuda::check_span(validated.descriptor())?;
     }
-    if let Some(descr) = &ai.descr {
-        d.set_item("descr", descr_to_py(py, descr)?)?;
-    }
-    Ok(d)
+    let ready = validated.ready();
+    let (desc, _) = validated.into_parts();
+    // \[ready\]: the exported stream lives as long as the exporting object (CAI v3), which
+    // the pin is; it is where the exporter's pending work is.
+    order_consumer(&desc, &ready, consumer)?;
+    Ok(Imported {
+        desc,
+        ready,
+        pin: Pin::Caller,
+    })
+}
+
+/// `__array_interface__`: host memory, as a pointer (the exporter is the pin) or as a buffer
+/// the dict names (the held buffer is the pin). A buffer is asked for C-contiguously
+/// (`PyBUF_SIMPLE`, as NumPy asks for it), so its `buf` and `len` are exactly the memory it
+/// exports and the import checks the span against that (\[span\]); a strided buffer (a
+/// `memoryview` with steps) is refused by its exporter.
+pub(crate) fn from_array_interface(
+    obj: &Bound<'_, PyAny>,
+    ai: &Bound<'_, PyAny>,
+) -> Result<Imported> {
+    let (mut ai, source) = read_array(&as_dict(Which::Array, ai)?)?;
+    let held = match source {
+        ArrayDataSource::Pointer(_) => None,
+        ArrayDataSource::Buffer(target) => {
+            let target = target.unwrap_or_else(|| obj.clone());
+            let held = buffer::hold_contiguous(&target)?.ok_or_else(|| Error::InterfaceKey {
+                interface: "__array_interface__",
+                key: "data",
+                expected: "an (int, bool) tuple, or an object with a buffer",
+                found: format!("a {} without a buffer", type_name(&target)),
+            })?;
+            let view = held.view();
+            ai.data = ArrayData::Buffer(BufferRegion {
+                address: view.buf.expose_provenance(),
+                len: usize::try_from(view.len).unwrap_or(0),
+                readonly: view.readonly != 0,
+            });
+            Some(held)
+        }
+    };
+    one_byte_float(obj, &mut ai.typestr, &mut ai.descr);
+    let options = void_options(obj, ai.typestr);
+    let (desc, _) = ai.import(&options)?.into_parts();
+    Ok(Imported {
+        desc,
+        // The array interface has no stream: nothing is pending.
+        ready: tensorbridge::Ready::Now,
+        pin: match held {
+            Some(held) => Pin::Owner(held),
+            None => Pin::Caller,
+        },
+    })
 }
