@@ -162,14 +162,15 @@ pub(crate) fn mem_handle(base: usize, ordinal: u32) -> Result<[u8; 64], Error> {
 #[derive(Debug)]
 pub(crate) struct Mapping {
     pub(crate) base: u64,
+    /// The mapped size, as the driver reports it (`cuMemGetAddressRange`).
     pub(crate) size: u64,
     ordinal: u32,
 }
 
 impl Mapping {
     /// Maps the allocation `handle` names into device `ordinal`'s primary context and checks
-    /// that it is `size` bytes, as the share handle says (an altered size would let a view
-    /// reach past the mapping).
+    /// that it spans at least `size` bytes, as the share handle says (an altered size would
+    /// let a view reach past the mapping).
     pub(crate) fn open(handle: &[u8; 64], ordinal: u32, size: u64) -> Result<Mapping, Error> {
         let dev = device(ordinal)?;
         let _bound = bind(dev.ctx())?;
@@ -183,9 +184,10 @@ impl Mapping {
         Error::check("cuIpcOpenMemHandle", unsafe {
             sys::cuIpcOpenMemHandle_v2(&mut base, h, flags)
         })?;
-        let mapping = Mapping {
+        // Closed again (by its `Drop`) if what follows refuses it.
+        let mut mapping = Mapping {
             base,
-            size,
+            size: 0,
             ordinal,
         };
         let mut start: sys::CUdeviceptr = 0;
@@ -194,12 +196,14 @@ impl Mapping {
         Error::check("cuMemGetAddressRange", unsafe {
             sys::cuMemGetAddressRange_v2(&mut start, &mut len, base)
         })?;
-        if start != base || len as u64 != size {
-            // `mapping` drops here: the mapping is closed again.
+        mapping.size = len as u64;
+        // At least the handle's size: the driver may round a mapping up to its granularity,
+        // and only a size beyond what is mapped could let a view reach past it.
+        if start != base || mapping.size < size {
             return Err(Error::IpcHandleField {
                 field: "allocation size",
                 value: size,
-                expected: "the size of the allocation the memory handle maps",
+                expected: "at most the size of the allocation the memory handle maps",
             });
         }
         Ok(mapping)

@@ -182,11 +182,11 @@ impl Consumer {
         if let Some((m, users)) = self.mappings.get_mut(&key) {
             // The allocation at that address is still the one mapped: a share of it is held
             // (by the users of `m`), so the producer cannot have freed it.
-            if m.size != x.alloc_size {
+            if m.size < x.alloc_size {
                 return Err(Error::IpcHandleField {
                     field: "allocation size",
                     value: x.alloc_size,
-                    expected: "the size of the allocation the memory handle maps",
+                    expected: "at most the size of the allocation the memory handle maps",
                 });
             }
             *users += 1;

@@ -25,7 +25,7 @@
 //!   (`cuIpcGetMemHandle` of the base `cuPointerGetAttributes` reports: caching allocators
 //!   hand out pieces of larger `cudaMalloc` blocks, and IPC maps whole allocations), the
 //!   allocation's size, and the tensor's offset in it. The consumer maps the allocation
-//!   (`cuIpcOpenMemHandle`), checks that the driver's size is the handle's
+//!   (`cuIpcOpenMemHandle`), checks that the driver maps at least the handle's size
 //!   (`cuMemGetAddressRange`), and views only the tensor's bytes, which the decoder has
 //!   checked lie inside that size;
 //! - the **layout**: dtype, shape, strides in elements, read-only, validated by the core;
