@@ -26,6 +26,9 @@ Families (one test each):
   dtype, device, byte offset, flags, version, null data, null deleter), deleters counted:
   exactly once, whatever happens; ``READ_ONLY`` and legacy capsules from unknown producers
   come out read-only;
+- ``own_exports``: our own exports (versioned and legacy, read-only and writable) with
+  shape, strides, offset, data, rank, dtype and flags edited through ctypes: refused, or a
+  view inside the exported memory, read-only when the export was ([span], [access]);
 - ``exchange_attributes``: ``__dlpack_c_exchange_api__`` / ``__c_dlpack_exchange_api__`` of
   every type on arbitrary classes (ints, a ``PROT_NONE`` page, a table of counting
   functions, foreign capsules, junk); an int is never dereferenced;
@@ -568,6 +571,7 @@ def capsule_recipes(draw):
         flags=draw(st.one_of(st.integers(0, 7), st.sampled_from([2**63, 2**64 - 1]))),
         data=draw(st.sampled_from(["base", "base", "base+4", "base+1", "null", "low"])),
         null_deleter=draw(st.integers(0, 5)) == 0,
+        null_shape=draw(st.integers(0, 7)) == 0,
     )
 
 
@@ -577,19 +581,21 @@ def test_capsules_family(recipe):
     """[refuse], [once], [access] over hand-made DLPack capsules: no crash, a typed
     refusal or a view; the deleter runs exactly once (after the view is gone, or at the
     refusal); READ_ONLY and legacy capsules of an unknown producer come out read-only."""
-    from tbhelpers import HandMadeCapsule, aligned_numpy
+    from tbhelpers import HandMadeCapsule, aligned_numpy, capsule_struct
 
     import tensorbridge as tb
 
     buf = aligned_numpy((64,), np.float32, fill=0)
     base = buf.ctypes.data
     data = {"base": base, "base+4": base + 4, "base+1": base + 1, "null": 0, "low": 4096}[recipe["data"]]
-    fields = {k: v for k, v in recipe.items() if k != "data"}
+    fields = {k: v for k, v in recipe.items() if k not in ("data", "null_shape")}
     fields["ndim"] = min(fields["ndim"], len(fields["shape"]))  # never past the arrays
     if fields["strides"] is not None:
         fields["strides"] = (fields["strides"] + (1,) * 4)[: len(fields["shape"])]
     h = HandMadeCapsule(data=data, keep=buf, **fields)
     cap = h.make()
+    if recipe["null_shape"]:
+        capsule_struct(cap).dl_tensor.shape = ctypes.POINTER(ctypes.c_int64)()
     try:
         v = tb.asview(cap)
     except TYPED_ERRORS:
@@ -598,6 +604,8 @@ def test_capsules_family(recipe):
         raise AssertionError(f"tb.asview raised an untyped {type(e).__name__}: {e}") from e
     if v is not None:
         assert h.deleted == 0, "the deleter ran while the view lives"
+        if recipe["null_shape"]:
+            assert v.ndim == 0, f"a null shape was read as {v.shape}"
         if recipe["versioned"] and recipe["flags"] & 1:
             assert v.readonly, f"a READ_ONLY capsule came out writable: {v!r}"
         if not recipe["versioned"]:
@@ -609,6 +617,71 @@ def test_capsules_family(recipe):
     gc.collect()
     if not recipe["null_deleter"]:
         assert h.deleted == 1, f"the deleter ran {h.deleted} times"
+
+
+# ---------------------------------------------------------------------------------------------
+# Family: our own exports, edited through ctypes
+
+
+@st.composite
+def own_export_edits(draw):
+    return dict(
+        readonly=draw(st.booleans()),
+        versioned=draw(st.booleans()),
+        shape=draw(st.lists(st.tuples(st.integers(0, 1), st.sampled_from([0, 1, 2, 7, 8, 9, 16, 17, 1 << 40, -1])),
+                            max_size=2)),  # fmt: skip
+        strides=draw(st.lists(st.tuples(st.integers(0, 1), st.sampled_from([0, 1, 2, -1, 8, 9, -8, 1 << 40])),
+                              max_size=2)),  # fmt: skip
+        byte_offset=draw(st.one_of(st.none(), st.sampled_from([0, 4, 32, 60, 64, 256, 2**63]))),
+        data=draw(st.one_of(st.none(), st.sampled_from([-64, -4, 4, 64, 4096]))),
+        ndim=draw(st.one_of(st.none(), st.integers(0, 2))),
+        dtype=draw(st.one_of(st.none(), st.sampled_from([(2, 64, 1), (1, 8, 1), (2, 32, 2), (0, 32, 1)]))),
+        flags=draw(st.one_of(st.none(), st.integers(0, 7))),
+    )
+
+
+@configured
+@given(own_export_edits())
+def test_own_exports_family(edit):
+    """[span], [access], [once] for our own DLPack exports edited by a consumer: the import
+    refuses, or gives a view inside the memory the export described, read-only when the
+    exported view was; the exported memory's ``release`` runs exactly once at the end."""
+    from tbhelpers import capsule_struct
+
+    import tensorbridge as tb
+
+    a = np.arange(64, dtype=np.float32)
+    lo, hi = owned_extent(a)
+    released = []
+    base = tb.from_ptr(lo + 64, (4, 8), "float32", device="cpu", owner=a, readonly=edit["readonly"],
+                       release=lambda: released.append(1))  # fmt: skip
+    blo, bhi = lo + 64, lo + 64 + 128
+    if not edit["versioned"] and edit["readonly"]:
+        edit["versioned"] = True  # a read-only view has no legacy export (a tested refusal)
+    cap = base.__dlpack__(max_version=(1, 3)) if edit["versioned"] else base.__dlpack__()
+    m = capsule_struct(cap)
+    t = m.dl_tensor
+    for i, value in edit["shape"]:
+        t.shape[i] = value
+    for i, value in edit["strides"]:
+        t.strides[i] = value
+    if edit["byte_offset"] is not None:
+        t.byte_offset = edit["byte_offset"]
+    if edit["data"] is not None:
+        t.data = (t.data or 0) + edit["data"]
+    if edit["ndim"] is not None:
+        t.ndim = edit["ndim"]
+    if edit["dtype"] is not None:
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = edit["dtype"]
+    if edit["flags"] is not None and edit["versioned"]:
+        m.flags = edit["flags"]
+    v = import_or_refusal(cap)
+    if v is not None:
+        check_view(v, blo, bhi, edit["readonly"], f"our export edited by {edit}")
+        del v
+    del cap, base, m, t
+    gc.collect()
+    assert released == [1], f"release ran {len(released)} times"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ EDITS = {
     "stride_negative": (lambda t: t.strides.__setitem__(0, -1), False, None, 0),
     "offset_past_the_end": (lambda t: setattr(t, "byte_offset", t.byte_offset + 32), False, None, 0),
     "data_moved_past_the_end": (lambda t: setattr(t, "data", t.data + 32), False, None, 0),
+    "dtype_widened": (lambda t: setattr(t.dtype, "bits", 64), False, None, 0),
+    "vector_lanes": (lambda t: setattr(t.dtype, "lanes", 4), False, None, 0),
     "shape_shrunk": (lambda t: t.shape.__setitem__(0, 8), True, (8,), 0),
     "sub_view_by_offset": (
         lambda t: (setattr(t, "byte_offset", t.byte_offset + 16), t.shape.__setitem__(0, 12)),
@@ -105,6 +107,23 @@ def case_edited_own_export(edit_name, versioned):
 def test_edited_own_export_is_checked_against_its_extent(edit, versioned):
     """Item 9 / [span]: refused when the edit reaches outside the export, accepted inside."""
     run_case(__file__, "case_edited_own_export", edit, versioned)
+
+
+def test_read_only_flag_cleared_on_our_export_stays_read_only(tb):
+    """Item 9 / [access] (found by ``test_adversarial.py``'s own-exports family): a consumer
+    that clears ``READ_ONLY`` on our versioned export of a read-only view does not get a
+    writable view back."""
+    from tbhelpers import capsule_struct
+
+    data = bytes(range(16))
+    v = tb.asview(data)
+    cap = v.__dlpack__(max_version=(1, 3))
+    m = capsule_struct(cap)
+    assert m.flags & 1
+    m.flags = 0
+    back = tb.asview(cap)
+    assert back.ptr == v.ptr
+    assert back.readonly, f"clearing READ_ONLY on our export made it writable: {back!r}"
 
 
 # --- a read-only view round-tripped through tvm-ffi -------------------------------------------
