@@ -8,7 +8,9 @@
   edited through ctypes to claim more than its memory holds was accepted as a foreign
   tensor; it is refused (typed exception), while an edit that stays inside (a sub-view) is
   accepted as it says. The memory sits before a ``PROT_NONE`` page and each case runs in
-  a child interpreter, so an accepted overrun is a segfault that fails one test.
+  a child interpreter, so an accepted overrun is a segfault that fails one test. (A dtype
+  widened past the export, and ``READ_ONLY`` cleared on a read-only view's export, were
+  found by ``test_adversarial.py``'s own-exports family.)
 - [access] a span overlapping one of our live read-only exports comes back read-only: a
   read-only view round-tripped through tvm-ffi (which drops ``READ_ONLY``) came back
   writable, through ``tb.asview`` and through the View's exchange table
