@@ -841,6 +841,21 @@ class Liar:
         return {"none": None, "junk": 16}[what]
 
 
+def _liar_class(protocols):
+    ns = {}
+    if protocols in ("dlpack", "both"):
+        ns["__dlpack__"] = Liar.dlpack_impl
+        ns["__dlpack_device__"] = Liar.device_impl
+    if protocols in ("iface", "both"):
+        ns["__array_interface__"] = property(Liar.iface_impl)
+    return type(f"LyingProducer_{protocols}", (Liar,), ns)
+
+
+# Made once: tensorbridge caches facts per type (64 types at most), a class per example
+# would fill that cache for the rest of the session.
+LIAR_CLASSES = {p: _liar_class(p) for p in ("dlpack", "iface", "both")}
+
+
 DLPACK_ANSWERS = ["good", "legacy_good", "same_capsule", "used_capsule", "wrong_name", "type_error",
                   "buffer_error", "hostile", "int", "none", "self", "str", "array", "list"]  # fmt: skip
 DEVICE_ANSWERS = ["cpu", "cuda", "rocm", "short", "str", "none", "huge", "bools", "long", "hostile", "value_error"]
@@ -860,13 +875,7 @@ def test_lying_producers_family(dlpack, device, iface, protocols, imports):
     between calls); every import refuses cleanly or views the producer's own memory."""
     backing = np.arange(8, dtype=np.float32)
     raised = []
-    ns = {}
-    if protocols in ("dlpack", "both"):
-        ns["__dlpack__"] = Liar.dlpack_impl
-        ns["__dlpack_device__"] = Liar.device_impl
-    if protocols in ("iface", "both"):
-        ns["__array_interface__"] = property(Liar.iface_impl)
-    cls = type("LyingProducer", (Liar,), ns)
+    cls = LIAR_CLASSES[protocols]
     p = cls(backing, dlpack, device, iface, raised)
     lo, hi = owned_extent(backing)
     for _ in range(imports):
