@@ -160,7 +160,8 @@ pub unsafe fn import_versioned(
 ///
 /// A legacy struct has no flags, so the caller says whether consumers may write through the
 /// tensor: pass [`Access::ReadOnly`] unless the producer is known to allow writes (NumPy
-/// imports legacy capsules read-only for that reason). Sub-byte data is packed, null
+/// imports legacy capsules read-only for that reason). One of this crate's own exports is
+/// known: it comes back with the access it was exported with, whatever `access` says. Sub-byte data is packed, null
 /// `strides` mean compact row-major, and the tensor is validated through the core's
 /// [`RawTensor::validate`].
 ///
@@ -182,21 +183,23 @@ pub unsafe fn import_legacy(
     managed: NonNull<DLManagedTensor>,
     access: Access,
 ) -> Result<Imported, ImportError<DLManagedTensor>> {
-    // Our own export comes back as it left, made read-only if the caller asks; a read-only
-    // export that the caller calls writable takes the general way, as from any producer.
-    let wanted = |t: &Tensor| access == Access::ReadOnly || !t.is_readonly();
+    // Our own export comes back as it left, with the access it was exported with: this crate
+    // is its producer and knows what it lent, which the caller's `access` (what it knows of
+    // an unknown producer) cannot widen or need narrow.
     // SAFETY: a live, readable `DLManagedTensor` that we own (obligations 1 and 2); on
     // `None` we still own it.
-    if let Some(own) = unsafe { take_own_export(managed, wanted) } {
+    if let Some(own) = unsafe { take_own_export(managed, |_| true) } {
         // Unversioned and not copied, as the legacy export left it.
-        let mut imported = own.into_imported();
-        if access == Access::ReadOnly {
-            imported.tensor = imported.tensor.into_readonly();
-        }
-        return Ok(imported);
+        return Ok(own.into_imported());
     }
     // SAFETY: as above; the struct is only read.
     let extent = unsafe { own_extent(managed) };
+    // An edited export of ours: the access it lent (`within` checks the rest).
+    let access = match &extent {
+        Some(extent) if extent.readonly => Access::ReadOnly,
+        Some(_) => Access::ReadWrite,
+        None => access,
+    };
     let owner = ManagedOwner(managed);
     // SAFETY: a live `DLManagedTensor` whose fields do not change until the deleter runs
     // (obligation 1); the reference ends with this function, before `owner` can release it.

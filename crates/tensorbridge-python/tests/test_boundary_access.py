@@ -8,9 +8,10 @@ its producer is known to allow writes (NumPy, PyTorch, CuPy); a versioned capsul
 itself (its ``READ_ONLY`` flag). Read-only shows as ``View.readonly``, as a NumPy array
 that refuses writes (``flags.writeable`` False), and as the producer's values unchanged.
 
-Controls that pass today and must keep passing: NumPy's and PyTorch's legacy capsules stay
-writable (a write through the view reaches the producer), and so does a versioned capsule
-without the flag.
+Controls: NumPy arrays and PyTorch tensors stay writable (a write through the view reaches
+the producer), and so do legacy capsules their `__dlpack__` hands out, a versioned capsule
+without the flag, and our own exports (which come back as they were lent). A legacy capsule
+handed over bare names no producer and is read-only, as ``np.from_dlpack`` takes it.
 """
 
 import numpy as np
@@ -88,18 +89,48 @@ def test_legacy_capsule_from_an_unknown_producer_is_read_only(tb):
 # --- producers known to allow writes: writable (controls) ------------------------------------
 
 
-def test_numpy_legacy_capsule_stays_writable(tb):
+def test_numpy_array_stays_writable_and_its_bare_capsule_does_not(tb):
+    """A writable NumPy array is writable through its view. Its legacy capsule handed over
+    bare names no producer (a capsule carries no type), so it is taken read-only, exactly as
+    ``np.from_dlpack`` takes legacy capsules."""
     a = aligned_numpy((6,), np.float32, fill=np.arange(6))
-    assert_writable_and_shared(tb, a.__dlpack__(), a.ctypes.data, lambda: a, "NumPy's legacy capsule")
+    assert_writable_and_shared(tb, a, a.ctypes.data, lambda: a, "a NumPy array")
+    assert_read_only(tb, a.__dlpack__(), lambda: a.copy(), "a bare NumPy legacy capsule")
 
 
-def test_torch_legacy_capsules_stay_writable(tb):
+def test_torch_tensor_stays_writable_and_its_bare_capsules_do_not(tb):
     torch = pytest.importorskip("torch")
     t = torch.arange(6, dtype=torch.float32)
     values = lambda: t.numpy()  # noqa: E731
-    assert_writable_and_shared(tb, torch.utils.dlpack.to_dlpack(t), t.data_ptr(), values, "torch's to_dlpack")
-    assert_writable_and_shared(tb, t.__dlpack__(), t.data_ptr(), values, "torch's legacy __dlpack__()")
     assert_writable_and_shared(tb, t, t.data_ptr(), values, "a torch tensor")
+
+    class Legacy:
+        """A producer of PyTorch's module (so known to allow writes) whose ``__dlpack__``
+        hands out torch's legacy capsule."""
+
+        __module__ = "torch.custom"
+
+        def __dlpack__(self, **kw):
+            return torch.utils.dlpack.to_dlpack(t)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    assert_writable_and_shared(tb, Legacy(), t.data_ptr(), values, "torch's legacy capsule through __dlpack__")
+    assert_read_only(tb, torch.utils.dlpack.to_dlpack(t), lambda: t.numpy().copy(), "a bare torch.utils.dlpack capsule")
+    assert_read_only(tb, t.__dlpack__(), lambda: t.numpy().copy(), "a bare legacy __dlpack__() capsule")
+
+
+def test_our_own_legacy_capsule_keeps_the_access_it_was_exported_with(tb):
+    """A bare capsule that tensorbridge exported is no unknown producer's: it comes back with
+    the access it left with, writable or read-only."""
+    a = aligned_numpy((6,), np.float32, fill=np.arange(6))
+    assert_writable_and_shared(tb, tb.asview(a).__dlpack__(), a.ctypes.data, lambda: a, "our own legacy capsule")
+    b = aligned_numpy((6,), np.float32, fill=np.arange(6))
+    b.flags.writeable = False
+    ro = tb.asview(b)
+    assert ro.readonly
+    assert_read_only(tb, ro.__dlpack__(max_version=(1, 3)), lambda: b.copy(), "our own read-only capsule")
 
 
 def test_versioned_capsule_without_the_flag_stays_writable(tb):
