@@ -10,6 +10,7 @@ use pyo3::types::PyCapsule;
 use tensorbridge_dlpack::dlpark::{legacy, versioned};
 use tensorbridge_dlpack::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 
+use crate::ffi::callback::void_entry;
 use crate::import::capsule::{DLTENSOR, DLTENSOR_VERSIONED};
 
 /// Wraps an export in a fresh `dltensor_versioned` capsule that owns it.
@@ -124,8 +125,10 @@ unsafe extern "C" fn destroy_versioned(capsule: *mut ffi::PyObject) {
         // SAFETY: forwarded.
         unsafe { release(p.cast()) }
     }
-    // SAFETY: Python calls capsule destructors with the GIL held on a dying capsule.
-    unsafe { destroy(capsule, DLTENSOR_VERSIONED, free) }
+    void_entry("a DLPack capsule's destructor", || {
+        // SAFETY: Python calls capsule destructors with the GIL held on a dying capsule.
+        unsafe { destroy(capsule, DLTENSOR_VERSIONED, free) }
+    });
 }
 
 unsafe extern "C" fn destroy_legacy(capsule: *mut ffi::PyObject) {
@@ -135,6 +138,8 @@ unsafe extern "C" fn destroy_legacy(capsule: *mut ffi::PyObject) {
         // SAFETY: forwarded.
         unsafe { release_legacy(p.cast()) }
     }
-    // SAFETY: Python calls capsule destructors with the GIL held on a dying capsule.
-    unsafe { destroy(capsule, DLTENSOR, free) }
+    void_entry("a legacy DLPack capsule's destructor", || {
+        // SAFETY: Python calls capsule destructors with the GIL held on a dying capsule.
+        unsafe { destroy(capsule, DLTENSOR, free) }
+    });
 }

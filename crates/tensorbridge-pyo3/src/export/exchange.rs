@@ -24,14 +24,12 @@
 //!
 //! Every function is called with the GIL held (the header's "-1 with a Python exception
 //! set"); they attach anyway (`PyGILState_Ensure`, reentrant), so a caller that breaks the
-//! contract gets defined behaviour. No panic crosses the C boundary: a panic becomes a
-//! `RuntimeError` and -1.
+//! contract gets defined behaviour. No panic crosses the C boundary or aborts
+//! (`ffi::callback`): a panic becomes a `RuntimeError` and -1.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::{self, NonNull};
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use tensorbridge::{DeviceType, Packing, Ready, Stream, Tensor};
@@ -46,6 +44,7 @@ use crate::View;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::export::view::refuse_negative_strides;
+use crate::ffi::callback::{python_entry, void_entry};
 
 /// The capsule name DLPack 1.3 gives the table.
 const CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
@@ -101,34 +100,6 @@ fn legacy_default_stream(kind: DeviceType) -> Option<i64> {
     .then_some(1)
 }
 
-/// Runs `body` attached to the interpreter: 0 when it succeeds, -1 with its error raised as
-/// a Python exception when it fails or panics.
-fn python_call(function: &'static str, body: impl FnOnce(Python<'_>) -> Result<()>) -> c_int {
-    let done = catch_unwind(AssertUnwindSafe(|| {
-        Python::attach(|py| match body(py) {
-            Ok(()) => 0,
-            Err(e) => {
-                PyErr::from(e).restore(py);
-                -1
-            }
-        })
-    }));
-    done.unwrap_or_else(|_| {
-        // The panic message went to stderr through the panic hook. Nothing may unwind from
-        // here either; an interpreter that is gone gets no exception.
-        let _ = catch_unwind(|| {
-            Python::try_attach(|py| {
-                PyRuntimeError::new_err(format!(
-                    "a Rust panic in tensorbridge.View's DLPack C exchange API ({function}); \
-                     this is a bug in tensorbridge"
-                ))
-                .restore(py);
-            })
-        });
-        -1
-    })
-}
-
 /// `py_object` as a `View`.
 ///
 /// # Safety
@@ -171,7 +142,7 @@ unsafe extern "C" fn managed_tensor_allocator(
     error_ctx: *mut c_void,
     set_error: Option<unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char)>,
 ) -> c_int {
-    let _ = catch_unwind(|| {
+    void_entry("managed_tensor_allocator", || {
         if !out.is_null() {
             // SAFETY: a place for one pointer (the header's contract for `out`).
             unsafe { out.write(ptr::null_mut()) };
@@ -202,7 +173,7 @@ unsafe extern "C" fn managed_tensor_from_py_object_no_sync(
     out: *mut *mut DLManagedTensorVersioned,
 ) -> c_int {
     const FUNCTION: &str = "managed_tensor_from_py_object_no_sync";
-    python_call(FUNCTION, |py| {
+    python_entry(FUNCTION, |py| {
         let out = NonNull::new(out).ok_or(Error::NullArgument {
             function: FUNCTION,
             argument: "out",
@@ -233,7 +204,7 @@ unsafe extern "C" fn dltensor_from_py_object_no_sync(
     out: *mut DLTensor,
 ) -> c_int {
     const FUNCTION: &str = "dltensor_from_py_object_no_sync";
-    python_call(FUNCTION, |py| {
+    python_entry(FUNCTION, |py| {
         let out = NonNull::new(out).ok_or(Error::NullArgument {
             function: FUNCTION,
             argument: "out",
@@ -270,7 +241,7 @@ unsafe extern "C" fn managed_tensor_to_py_object_no_sync(
     out_py_object: *mut *mut c_void,
 ) -> c_int {
     const FUNCTION: &str = "managed_tensor_to_py_object_no_sync";
-    python_call(FUNCTION, |py| {
+    python_entry(FUNCTION, |py| {
         if !out_py_object.is_null() {
             // SAFETY: a place for one pointer (the header's contract).
             unsafe { out_py_object.write(ptr::null_mut()) };
@@ -328,12 +299,14 @@ unsafe extern "C" fn current_work_stream(
     _device_id: i32,
     out_current_stream: *mut *mut c_void,
 ) -> c_int {
-    if out_current_stream.is_null() {
-        return -1;
-    }
-    // SAFETY: a place for one pointer (the header's contract).
-    unsafe { out_current_stream.write(ptr::null_mut()) };
-    0
+    tensorbridge::callback::foreign_entry("current_work_stream", -1, || {
+        if out_current_stream.is_null() {
+            return -1;
+        }
+        // SAFETY: a place for one pointer (the header's contract).
+        unsafe { out_current_stream.write(ptr::null_mut()) };
+        0
+    })
 }
 
 #[cfg(test)]

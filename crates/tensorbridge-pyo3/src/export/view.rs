@@ -8,7 +8,9 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
-use tensorbridge::{DeviceType, StreamConvention, StreamRequest, Tensor, stream_from_wire};
+use tensorbridge::{
+    DeviceType, Ready, Stream, StreamConvention, StreamRequest, Tensor, stream_from_wire,
+};
 use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
@@ -365,28 +367,52 @@ impl View {
 
     /// The CUDA Array Interface (version 3) of a CUDA, managed or pinned view; the view must
     /// stay alive while the pointer is used. `stream` is where the data becomes ready
-    /// (`None` when nothing is pending). `AttributeError` for host views and for dtypes the
-    /// interface cannot name (fp8, fp4), so consumers fall back to DLPack.
+    /// (`None` when nothing is pending). A readiness the interface cannot name (an event with
+    /// no producer stream, as a view of CuPy's managed memory has) is served on the legacy
+    /// default stream: it waits for the event on the GPU, and `stream` is `1`.
+    /// `AttributeError` for host views and for dtypes the interface cannot name (fp8, fp4),
+    /// so consumers fall back to DLPack.
     #[getter(__cuda_array_interface__)]
     fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = self.cai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-            let cai = CudaArrayInterface::export(&self.tensor).map_err(|e| {
-                PyAttributeError::new_err(format!("this view has no __cuda_array_interface__: {e}"))
-            })?;
+            let t = &self.tensor;
+            let unnamed = matches!(t.ready(), Ready::Signal(s) if s.producer_stream().is_none());
+            let ready = if unnamed && t.device().kind.is_cuda_accessible() {
+                // SAFETY: the legacy default stream is always live and not thread-bound.
+                unsafe { tensorbridge_cuda::make_ready_on_raw(t, Stream::LegacyDefault) }
+                    .map_err(Error::from)?;
+                Ready::Stream(Stream::LegacyDefault)
+            } else {
+                t.ready().clone()
+            };
+            let cai =
+                CudaArrayInterface::export_descriptor(t.descriptor(), &ready).map_err(|e| {
+                    PyAttributeError::new_err(format!(
+                        "this view has no __cuda_array_interface__: {e}"
+                    ))
+                })?;
             Ok(cai_to_py(py, &cai)?.unbind())
         })?;
         dict.bind(py).copy()
     }
 
     /// NumPy's array interface (version 3) of a host view; the view must stay alive while
-    /// the pointer is used. `AttributeError` for device views and for dtypes NumPy cannot
-    /// name (fp8, fp4), so consumers fall back to DLPack.
+    /// the pointer is used. Host memory CUDA still writes (pinned or managed memory with
+    /// pending device work) is waited for on the host first, as the protocol's host
+    /// consumers need (the GIL released meanwhile). `AttributeError` for device views and
+    /// for dtypes NumPy cannot name (fp8, fp4), so consumers fall back to DLPack.
     #[getter(__array_interface__)]
     fn array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = self.ai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-            let ai = ArrayInterface::export(&self.tensor).map_err(|e| {
-                PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
-            })?;
+            let t = &self.tensor;
+            if !t.ready().is_now() && t.device().kind.is_host_accessible() {
+                py.detach(|| tensorbridge_cuda::synchronize(t))
+                    .map_err(Error::from)?;
+            }
+            let ai =
+                ArrayInterface::export_descriptor(t.descriptor(), &Ready::Now).map_err(|e| {
+                    PyAttributeError::new_err(format!("this view has no __array_interface__: {e}"))
+                })?;
             Ok(array_to_py(py, &ai)?.unbind())
         })?;
         dict.bind(py).copy()

@@ -86,3 +86,4 @@ unsafe extern "C" {
 }
 
 pub(crate) mod attach;
+pub(crate) mod callback;
