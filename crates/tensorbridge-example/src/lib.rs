@@ -3,7 +3,7 @@
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through
-//!   [`AnyTensor`].
+//!   [`TensorArg`] (borrowed for the call).
 //! - `ramp(n)`: a cudarc buffer holding `0..n` handed to Python zero-copy as a
 //!   `tensorbridge.View`; consumers' streams wait for cudarc's on the GPU.
 //! - `axpy(alpha, x, y)`: `y += alpha * x` in place, by our own CUDA kernel (NVRTC), on
@@ -32,8 +32,8 @@ use tensorbridge_pyo3::{AnyTensor, Error, TensorArg};
 
 /// Sums a float32 host tensor from any framework, without copying it.
 #[pyfunction]
-fn total(x: AnyTensor) -> Result<f32, Error> {
-    Ok(x.0.host_view::<f32>()?.iter().sum())
+fn total(x: TensorArg<'_, '_>) -> Result<f32, Error> {
+    Ok(x.as_ref().host_view::<f32>()?.iter().sum())
 }
 
 /// `0.0, 1.0, ..., n - 1` in a new cudarc buffer on device 0, as a `tensorbridge.View`.
