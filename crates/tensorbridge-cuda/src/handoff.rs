@@ -14,11 +14,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use tensorbridge::{DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor};
 
-use crate::Error;
-use crate::capture::{Capture, CaptureStatus, capture_of, keep_with_graph};
-use crate::driver::{
-    DeviceCtx, Event, Wait, bind, current_device, device, device_of_stream, raw_stream, stream_of,
-};
+use crate::capture::{Capture, Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
+use crate::context::{DeviceCtx, bind, current_device, device, device_of_stream};
+use crate::error::Error;
+use crate::event::{Event, Wait};
+use crate::types::{CaptureStatus, raw_stream, stream_of};
 
 /// A CUDA event recorded on a producer stream: the [`ReadySignal`] this crate attaches to
 /// tensors ([`Ready::Signal`]).
@@ -319,26 +319,15 @@ impl<'a> At<'a> {
         let consumer_capture = unsafe { self.capture() }?;
         // SAFETY: live (obligation 1).
         let producer_capture = unsafe { producer.capture() }?;
-        let wait = match (producer_capture, consumer_capture) {
-            (Capture::Implicit, _) | (_, Capture::Implicit) => {
-                return Err(Error::LegacyDuringCapture);
-            }
-            (Capture::Active(p), Capture::Active(c)) if p.id == c.id => Wait::Default,
-            // A stream outside any capture waiting on a captured stream joins the capture (the
-            // fork of CUDA's cross-stream capture); it must be joined back before the capture
-            // ends. Only for explicit stream-to-stream joins, and never the legacy stream.
-            (Capture::Active(_), Capture::None)
-                if fork == Fork::Allowed && self.name != Stream::LegacyDefault =>
-            {
-                Wait::Default
-            }
-            (Capture::Active(_), _) => {
-                return Err(Error::CaptureMismatch {
-                    producer: producer_capture.status(),
-                    consumer: consumer_capture.status(),
-                });
-            }
-            (_, Capture::Active(c)) => {
+        let plan = plan_wait(
+            producer_capture.status(),
+            consumer_capture,
+            fork,
+            self.name == Stream::LegacyDefault,
+        )?;
+        let wait = match plan {
+            WaitPlan::Wait => Wait::Default,
+            WaitPlan::WaitExternal(graph) => {
                 // The producer's work as of now, waited for by the graph at replay (a
                 // dedicated event, kept with the graph so it is never re-recorded).
                 let event = Arc::new(Event::in_context(producer.ctx.get())?);
@@ -346,10 +335,9 @@ impl<'a> At<'a> {
                 unsafe { event.record(producer.raw) }?;
                 // SAFETY: the consumer is live (obligation 1).
                 unsafe { event.make_wait_in(self.raw, self.ctx.get(), Wait::External) }?;
-                keep_with_graph(c, Box::new(event));
+                keep_with_graph(graph, Box::new(event));
                 return Ok(());
             }
-            _ => Wait::Default,
         };
         let event = Event::in_context(producer.ctx.get())?;
         // SAFETY: the producer is live (obligation 1); the event is in its context.
@@ -376,39 +364,27 @@ impl<'a> At<'a> {
         }
         // SAFETY: live (obligation 1).
         let consumer_capture = unsafe { self.capture() }?;
-        let wait = match (signal.capture, consumer_capture) {
-            (_, Capture::Implicit) => return Err(Error::LegacyDuringCapture),
-            (Some(id), Capture::Active(c)) if id == c.id => Wait::Default,
-            (Some(id), _) => {
-                return Err(Error::CaptureMismatch {
-                    producer: CaptureStatus::Active { id },
-                    consumer: consumer_capture.status(),
-                });
-            }
-            (None, Capture::Active(c)) => {
+        let producer = match signal.capture {
+            Some(id) => CaptureStatus::Active { id },
+            None => CaptureStatus::None,
+        };
+        // A signal is data, never a fork: the same rules as a tensor's producer stream.
+        let wait = match plan_wait(producer, consumer_capture, Fork::Refused, false)? {
+            WaitPlan::Wait => Wait::Default,
+            WaitPlan::WaitExternal(graph) => {
                 // SAFETY: live (obligation 1).
                 unsafe {
                     signal
                         .event
                         .make_wait_in(self.raw, self.ctx.get(), Wait::External)
                 }?;
-                keep_with_graph(c, Box::new(signal.event.clone()));
+                keep_with_graph(graph, Box::new(signal.event.clone()));
                 return Ok(());
             }
-            (None, _) => Wait::Default,
         };
         // SAFETY: live (obligation 1).
         unsafe { signal.event.make_wait_in(self.raw, self.ctx.get(), wait) }
     }
-}
-
-/// Whether a stream outside any capture may join a capture by waiting on a captured stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fork {
-    /// Explicit stream-to-stream joins ([`join`], [`join_raw`]): CUDA's fork pattern.
-    Allowed,
-    /// Tensor hand-offs: data made inside a capture, used outside it, is refused.
-    Refused,
 }
 
 /// The device whose primary context a default-stream sentinel of `tensor`'s readiness or

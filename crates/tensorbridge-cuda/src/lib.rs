@@ -133,28 +133,54 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod borrow;
-mod capture;
-mod driver;
-mod error;
-mod handoff;
-mod pointer;
+// The modules, bottom-up: each uses only those listed above it (cudarc's sys / result /
+// safe split is the model). `raw` is the only one that calls the driver's `cu*` functions.
+mod capture; // capture status, the capture rules (`plan_wait`, pure), owners kept with graphs
+mod context; // primary contexts, binding and restoring the caller's, the thread's capture mode
+mod error; // the one error type
+mod event; // pooled events and the two ways to wait on one
+mod handoff; // CudaSignal, make_ready_on*, handoff*, join*, record_ready, synchronize
+mod pointer; // what the driver knows of an address
+mod raw; // libcuda's presence, and checked 1:1 driver calls, each an `unsafe fn`
+mod retire; // owners kept until a stream's work is done
+mod scope;
+mod types; // MemoryType, CaptureStatus, raw stream handles <-> core streams; no driver call // a foreign stream as a cudarc stream for a scope
 
-pub use borrow::with_stream_raw;
-pub use capture::{CaptureStatus, capture_status};
-pub use driver::{
-    ContextGuard, current_device, driver_present, primary_context, raw_stream, reclaim, retire_on,
-    retire_on_raw, stream_from_raw, stream_of,
-};
+pub use capture::capture_status;
+pub use context::{ContextGuard, current_device, primary_context};
 pub use error::Error;
 pub use handoff::{
     CudaSignal, handoff, handoff_raw, join, join_raw, make_ready_on, make_ready_on_raw, ready_on,
     record_ready, synchronize,
 };
-pub use pointer::{MemoryType, PointerInfo, check_span, check_span_with, inspect};
+pub use pointer::{PointerInfo, check_span, check_span_with, inspect};
+pub use raw::driver_present;
+pub use retire::{retire_on, retire_on_raw};
+pub use scope::with_stream_raw;
+pub use types::{CaptureStatus, MemoryType, raw_stream, stream_from_raw, stream_of};
+
+/// Releases the keepers of borrowed streams whose last escaped wrapper is gone
+/// ([`with_stream_raw`]), and the owners that dropped views kept alive, once the device has
+/// finished the consumer work enqueued before each view was dropped (and those kept by CUDA
+/// graphs that have since been destroyed), and returns how many still wait for device work.
+/// The calling thread's current context is as it was afterwards, whatever the released
+/// owners' drops made current (a cudarc buffer or stream binds its own context to free
+/// itself).
+///
+/// The cudarc adapter calls it on every view and `try_into_slice`, the tch adapter when it
+/// hands memory to libtorch; call it yourself to release memory sooner when no more views
+/// are coming. Never blocks on the device. Its event queries use the relaxed capture mode,
+/// so a CUDA graph being captured on any thread is not disturbed.
+pub fn reclaim() -> usize {
+    // Without a driver there is nothing to save (the guard is inert) and nothing was retired.
+    let _restore = ContextGuard::save().ok();
+    capture::drain_released();
+    scope::sweep();
+    retire::sweep()
+}
 
 // Thread safety of the public types, checked at compile time:
-// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `driver.rs` say why events may be
+// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `event.rs` say why events may be
 //   recorded, waited on and destroyed from any thread: the driver API is thread-safe for
 //   them, and the context is made current on the calling thread first), the stream names
 //   (plain values) and the `Arc<CudaStream>` it keeps alive (cudarc's, Send + Sync).

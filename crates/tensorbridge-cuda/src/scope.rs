@@ -17,15 +17,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::CudaStream;
 use tensorbridge::{Owner, Stream};
 
-use crate::driver::{device, device_of_stream, ensure_driver, raw_stream};
-use crate::{ContextGuard, Error};
+use crate::context::{ContextGuard, device, device_of_stream};
+use crate::error::Error;
+use crate::raw::ensure_driver;
+use crate::types::raw_stream;
 
 /// Wrappers that outlived their scope, each with what keeps its stream alive.
 static ESCAPED: Mutex<Vec<(Arc<CudaStream>, Owner)>> = Mutex::new(Vec::new());
 
 /// Releases the owners of escaped wrappers whose last clone outside this list is gone.
 /// Returns how many are still held.
-pub(crate) fn sweep_escaped() -> usize {
+pub(crate) fn sweep() -> usize {
     let mut released = Vec::new();
     let held = {
         let mut escaped = ESCAPED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -80,7 +82,7 @@ pub unsafe fn with_stream_raw<R>(
     f: impl FnOnce(&Arc<CudaStream>) -> R,
 ) -> Result<R, Error> {
     ensure_driver()?;
-    sweep_escaped();
+    sweep();
     let _restore = ContextGuard::save()?;
     let dev = device(ordinal)?;
     let wrapped = match stream {
@@ -132,7 +134,7 @@ mod tests {
 
     #[test]
     fn no_driver_is_an_error_before_the_closure() {
-        if crate::driver_present() {
+        if crate::raw::driver_present() {
             return;
         }
         let mut ran = false;
