@@ -11,7 +11,7 @@ use cudarc::driver::{CudaContext, sys};
 use tensorbridge::StreamHandle;
 
 use crate::error::Error;
-use crate::raw::{self, driver_present, ensure_driver};
+use crate::raw::{self, ensure_driver};
 use crate::types::raw_stream;
 
 /// One device's primary context (retained for the life of the process) and the spare event
@@ -213,9 +213,11 @@ pub struct ContextGuard {
 
 impl ContextGuard {
     /// Saves the calling thread's current context (none is a valid state, and restored as
-    /// none). Fails only if the driver cannot say which context is current.
+    /// none). Fails only if the driver cannot say which context is current. Initialises the
+    /// driver first (`cuInit`), so it may be a process's first CUDA call.
     pub fn save() -> Result<ContextGuard, Error> {
-        if !driver_present() {
+        // Without libcuda, or with a driver that cannot start, no context can be current.
+        if ensure_driver().is_err() {
             return Ok(ContextGuard { saved: None });
         }
         Ok(ContextGuard {
@@ -270,7 +272,7 @@ mod tests {
 
     #[test]
     fn device_of_unused_ordinal_is_not_touched_without_a_driver() {
-        if !driver_present() {
+        if !crate::raw::driver_present() {
             assert!(matches!(device(0), Err(Error::NoDriver)));
             // Nothing to save or restore: the guard is inert.
             drop(ContextGuard::save().unwrap());

@@ -6,7 +6,7 @@
 //! over `sys`).
 //!
 //! Every function here needs libcuda loaded and initialised: [`ensure_driver`] succeeded (or a
-//! cudarc object exists, which proves both). That is obligation 0 of every `# Safety` below,
+//! cudarc context exists, which proves both: cudarc calls `cuInit` before it makes one). That is obligation 0 of every `# Safety` below,
 //! written once here.
 
 use std::sync::OnceLock;
@@ -29,13 +29,23 @@ pub fn driver_present() -> bool {
     })
 }
 
-/// `Ok` when libcuda can be loaded, [`Error::NoDriver`] otherwise.
+/// `Ok` when libcuda is loaded and initialised (`cuInit`, once per process, before any other
+/// driver call of this crate: a driver call before it fails with
+/// `CUDA_ERROR_NOT_INITIALIZED`, so every public entry can be a process's first CUDA call).
+/// [`Error::NoDriver`] without libcuda, [`Error::Driver`] naming `cuInit` when the driver
+/// refuses to start (no device, a driver too old for the bindings).
 pub(crate) fn ensure_driver() -> Result<(), Error> {
-    if driver_present() {
-        Ok(())
-    } else {
-        Err(Error::NoDriver)
+    static INIT: OnceLock<sys::CUresult> = OnceLock::new();
+    if !driver_present() {
+        return Err(Error::NoDriver);
     }
+    let result = *INIT.get_or_init(|| {
+        // SAFETY: libcuda is loaded (just checked); `cuInit(0)` takes no pointer, may be
+        // called from any thread and any number of times (later calls return at once), and
+        // cudarc makes the same call before its first context.
+        unsafe { sys::cuInit(0) }
+    });
+    Error::check("cuInit", result)
 }
 
 /// `cuDriverGetVersion`: the driver's version (12030 for CUDA 12.3).

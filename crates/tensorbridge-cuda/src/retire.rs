@@ -10,7 +10,7 @@ use tensorbridge::{Owner, Stream};
 use crate::capture::{Capture, capture_of, keep_with_graph};
 use crate::context::{bind, device, relaxed};
 use crate::event::Event;
-use crate::raw::driver_present;
+use crate::raw::ensure_driver;
 use crate::types::raw_stream;
 
 /// An owner kept alive until the consumer work enqueued before its view was dropped has
@@ -58,7 +58,8 @@ pub fn retire_on(consumer: &CudaStream, owner: Owner) {
 ///    `ordinal`'s primary context's; [`Stream::PerThreadDefault`] is the calling thread's),
 ///    or the handle of a stream of that context that has not been destroyed.
 pub unsafe fn retire_on_raw(ordinal: u32, stream: Stream, owner: Owner) {
-    if !driver_present() {
+    // Without libcuda, or a driver that cannot start, no device work can be pending.
+    if ensure_driver().is_err() {
         drop(owner);
         return;
     }
