@@ -22,7 +22,7 @@
 
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 
@@ -181,8 +181,11 @@ pub(crate) unsafe fn capture_of(stream: sys::CUstream) -> Result<Capture, Error>
 }
 
 /// Objects whose graph was destroyed: the driver's destructor callback may not call CUDA, so
-/// it only moves them here, and [`drain_released`] drops them on an ordinary thread.
+/// it only moves them here and wakes the thread that drops them ([`start_dropper`]).
 static RELEASED: Mutex<Vec<Box<dyn Any + Send>>> = Mutex::new(Vec::new());
+
+/// Signalled when [`RELEASED`] gains objects.
+static RELEASED_MORE: Condvar = Condvar::new();
 
 /// The user object's destructor (called by the driver, on a thread of its own, once the
 /// graph and every executable graph made from it are destroyed and their launches done).
@@ -199,17 +202,45 @@ unsafe extern "C" fn release_with_graph(data: *mut c_void) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(*kept);
+    RELEASED_MORE.notify_one();
+}
+
+/// Starts, once, the thread that drops the objects of destroyed graphs soon after the driver
+/// hands them back (asleep otherwise). If the system refuses the thread,
+/// [`reclaim`](crate::reclaim) drops them instead.
+fn start_dropper() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("tensorbridge-graph-release".into())
+            .spawn(|| {
+                loop {
+                    let released = {
+                        let mut list = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
+                        while list.is_empty() {
+                            list = RELEASED_MORE
+                                .wait(list)
+                                .unwrap_or_else(PoisonError::into_inner);
+                        }
+                        std::mem::take(&mut *list)
+                    };
+                    // Dropped with no lock held: they may call CUDA or Python.
+                    drop(released);
+                }
+            });
+    });
 }
 
 /// Keeps `object` alive until `capture`'s graph, and every executable graph instantiated from
-/// it, has been destroyed and their launches have finished; then [`reclaim`](crate::reclaim)
-/// drops it. Without a graph handle (drivers older than CUDA 12.3) the object is leaked:
-/// never dropped early.
+/// it, has been destroyed and their launches have finished; then a thread of this crate drops
+/// it. Without a graph handle (drivers older than CUDA 12.3) the object is leaked: never
+/// dropped early.
 pub(crate) fn keep_with_graph(capture: Active, object: Box<dyn Any + Send>) {
     if capture.graph.is_null() {
         std::mem::forget(object);
         return;
     }
+    start_dropper();
     let data = Box::into_raw(Box::new(object));
     // SAFETY: libcuda is loaded (a capture was read from the driver); `release_with_graph`
     // takes `data` back exactly once and calls no CUDA function.
@@ -227,7 +258,8 @@ pub(crate) fn keep_with_graph(capture: Active, object: Box<dyn Any + Send>) {
     }
 }
 
-/// Drops the objects whose graphs are gone (see [`keep_with_graph`]); returns how many.
+/// Drops, from the calling thread, the objects whose graphs are gone that the dropping thread
+/// has not taken yet (see [`keep_with_graph`]); returns how many.
 pub(crate) fn drain_released() -> usize {
     let released = std::mem::take(&mut *RELEASED.lock().unwrap_or_else(PoisonError::into_inner));
     let n = released.len();

@@ -15,11 +15,11 @@ use crate::raw::{self, ensure_driver};
 use crate::types::raw_stream;
 
 /// One device's primary context (retained for the life of the process) and the spare event
-/// handles of its pool (see the event module: this module only keeps them).
+/// handles of its pools (see the event module: this module only keeps them).
 pub(crate) struct DeviceCtx {
     ctx: Arc<CudaContext>,
-    /// Spare `CU_EVENT_DISABLE_TIMING` events of this context.
-    pub(crate) spare_events: Mutex<Vec<raw::event::Handle>>,
+    /// Spare events of this context, one list per kind of event the event module makes.
+    pub(crate) spare_events: [Mutex<Vec<raw::event::Handle>>; 2],
 }
 
 impl DeviceCtx {
@@ -54,7 +54,7 @@ pub(crate) fn device(ordinal: u32) -> Result<Arc<DeviceCtx>, Error> {
     };
     let dev = Arc::new(DeviceCtx {
         ctx,
-        spare_events: Mutex::new(Vec::new()),
+        spare_events: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
     });
     devices.push((ordinal, dev.clone()));
     Ok(dev)

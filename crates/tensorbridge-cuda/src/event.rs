@@ -1,5 +1,6 @@
-//! Events: a `CU_EVENT_DISABLE_TIMING` event (the cheapest kind), borrowed from its device's
-//! pool when it belongs to a primary context, and the two ways a stream waits on one.
+//! Events: a `CU_EVENT_DISABLE_TIMING` event (the cheapest kind; with
+//! `CU_EVENT_BLOCKING_SYNC` too for events a thread waits on), borrowed from its device's pool
+//! when it belongs to a primary context, and the two ways a stream waits on one.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};
@@ -13,12 +14,41 @@ use crate::raw;
 /// Events kept per device for reuse; more are destroyed when returned.
 const POOL_CAP: usize = 256;
 
-/// A CUDA event created with `CU_EVENT_DISABLE_TIMING`, borrowed from a device's pool when
-/// its context is that device's primary context, made and destroyed on its own otherwise.
-/// Returned to the pool when dropped.
+/// A CUDA event created with `CU_EVENT_DISABLE_TIMING` (and its [`Kind`]'s flags), borrowed
+/// from a device's pool when its context is that device's primary context, made and
+/// destroyed on its own otherwise. Returned to the pool when dropped.
 pub(crate) struct Event {
     raw: sys::CUevent,
+    kind: Kind,
     home: Home,
+}
+
+/// What an event is for, which decides its flags (and its pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Ordering streams and queries: `CU_EVENT_DISABLE_TIMING`.
+    Plain,
+    /// Waited on by a host thread: `CU_EVENT_BLOCKING_SYNC` too, so `cuEventSynchronize`
+    /// puts the thread to sleep instead of spinning a core.
+    BlockingSync,
+}
+
+impl Kind {
+    fn flags(self) -> u32 {
+        let timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        match self {
+            Kind::Plain => timing,
+            Kind::BlockingSync => timing | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32,
+        }
+    }
+
+    /// The index of this kind's list in [`DeviceCtx::spare_events`].
+    fn pool(self) -> usize {
+        match self {
+            Kind::Plain => 0,
+            Kind::BlockingSync => 1,
+        }
+    }
 }
 
 enum Home {
@@ -36,19 +66,19 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// An event in device `dev`'s primary context, from its pool when one is there.
-    pub(crate) fn pooled(dev: &Arc<DeviceCtx>) -> Result<Event, Error> {
-        let reused = dev
-            .spare_events
+    /// An event of `kind` in device `dev`'s primary context, from its pool when one is there.
+    pub(crate) fn pooled_kind(dev: &Arc<DeviceCtx>, kind: Kind) -> Result<Event, Error> {
+        let reused = dev.spare_events[kind.pool()]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
         let raw = match reused {
             Some(raw::event::Handle(raw)) => raw,
-            None => create(dev.ctx())?,
+            None => create(dev.ctx(), kind)?,
         };
         Ok(Event {
             raw,
+            kind,
             home: Home::Pool(dev.clone()),
         })
     }
@@ -56,16 +86,22 @@ impl Event {
     /// An event in `ctx`: pooled if `ctx` is its device's primary context, made for it
     /// otherwise.
     pub(crate) fn in_context(ctx: &Arc<CudaContext>) -> Result<Event, Error> {
+        Event::in_context_kind(ctx, Kind::Plain)
+    }
+
+    /// [`Event::in_context`], of the given kind.
+    pub(crate) fn in_context_kind(ctx: &Arc<CudaContext>, kind: Kind) -> Result<Event, Error> {
         if ctx.is_primary() {
             // An ordinal beyond `u32` cannot come from the driver; `device` refuses it.
             let dev = device(u32::try_from(ctx.ordinal()).unwrap_or(u32::MAX))?;
             if dev.ctx().cu_ctx() == ctx.cu_ctx() {
-                return Event::pooled(&dev);
+                return Event::pooled_kind(&dev, kind);
             }
         }
-        let raw = create(ctx)?;
+        let raw = create(ctx, kind)?;
         Ok(Event {
             raw,
+            kind,
             home: Home::Own(ctx.clone()),
         })
     }
@@ -144,8 +180,7 @@ impl Drop for Event {
     fn drop(&mut self) {
         match &self.home {
             Home::Pool(dev) => {
-                let mut pool = dev
-                    .spare_events
+                let mut pool = dev.spare_events[self.kind.pool()]
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 if pool.len() < POOL_CAP {
@@ -166,6 +201,7 @@ impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Event")
             .field("raw", &self.raw)
+            .field("kind", &self.kind)
             .field("ordinal", &self.context().ordinal())
             .finish()
     }
@@ -181,12 +217,11 @@ pub(crate) enum Wait {
     External,
 }
 
-/// A new `CU_EVENT_DISABLE_TIMING` event in `ctx`.
-fn create(ctx: &CudaContext) -> Result<sys::CUevent, Error> {
+/// A new event of `kind` in `ctx`.
+fn create(ctx: &CudaContext, kind: Kind) -> Result<sys::CUevent, Error> {
     let _bound = bind(ctx)?;
-    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     // SAFETY: libcuda is loaded (`bind` used it); the context is current (bound above).
-    unsafe { raw::event::create(flags) }
+    unsafe { raw::event::create(kind.flags()) }
 }
 
 /// Destroys an event; errors are ignored (this runs in `Drop`, and a failure leaves nothing

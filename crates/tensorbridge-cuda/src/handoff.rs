@@ -12,7 +12,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor};
+use tensorbridge::{
+    Device, DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor, TensorRef,
+};
 
 use crate::capture::{Capture, Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
 use crate::context::{DeviceCtx, bind, current_device, device, device_of_stream};
@@ -252,16 +254,16 @@ impl<'a> At<'a> {
         })
     }
 
-    /// A raw stream for `tensor`: sentinels in the primary context of the device the
-    /// tensor's stream work runs on ([`stream_device`]).
+    /// A raw stream for a tensor on `device`: sentinels in the primary context of the
+    /// device the tensor's stream work runs on ([`stream_device`]).
     ///
     /// # Safety
     /// As [`At::locate`].
-    unsafe fn locate_for(stream: Stream, tensor: &Tensor) -> Result<At<'static>, Error> {
+    unsafe fn locate_for(stream: Stream, device: Device) -> Result<At<'static>, Error> {
         let ordinal = match stream {
             // The handle says where it is; the ordinal is unused.
             Stream::Handle(_) => 0,
-            _ => stream_device(tensor, stream)?,
+            _ => stream_device(device, stream)?,
         };
         // SAFETY: forwarded obligation 1.
         unsafe { At::locate(stream, ordinal) }
@@ -387,13 +389,12 @@ impl<'a> At<'a> {
     }
 }
 
-/// The device whose primary context a default-stream sentinel of `tensor`'s readiness or
-/// consumer means: the tensor's own device for CUDA device memory. Pinned and managed memory
-/// carry ordinal 0 by DLPack's convention, which says nothing about where the work runs: a
-/// sentinel then means the calling thread's current device, and is refused when no context
-/// is current ([`Error::UnknownStreamDevice`]).
-fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
-    let dev = tensor.device();
+/// The device whose primary context a default-stream sentinel of the readiness or consumer of
+/// a tensor on `dev` means: the tensor's own device for CUDA device memory. Pinned and managed
+/// memory carry ordinal 0 by DLPack's convention, which says nothing about where the work
+/// runs: a sentinel then means the calling thread's current device, and is refused when no
+/// context is current ([`Error::UnknownStreamDevice`]).
+fn stream_device(dev: Device, stream: Stream) -> Result<u32, Error> {
     match dev.kind {
         DeviceType::Cuda => Ok(dev.ordinal),
         DeviceType::CudaManaged | DeviceType::CudaHost => {
@@ -430,6 +431,9 @@ fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
 /// device's primary context (for pinned and managed memory, of the calling thread's current
 /// device). For a cudarc stream, use the safe [`make_ready_on`].
 ///
+/// Takes a `&Tensor` or a borrowed [`TensorRef`] (`tensor.as_ref()`, or an adapter's argument
+/// pinned for a call): ordering needs no owner.
+///
 /// # Safety
 /// A [`Stream`] is a plain value that safe code can make from any number; the driver trusts it.
 /// The caller guarantees:
@@ -437,7 +441,11 @@ fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
 ///    primary context that has not been destroyed, or a default stream
 ///    ([`Stream::PerThreadDefault`] is the calling thread's). For the wait to order anything,
 ///    the work that uses the tensor must then be enqueued on `consumer`, while it lives.
-pub unsafe fn make_ready_on_raw(tensor: &Tensor, consumer: Stream) -> Result<(), Error> {
+pub unsafe fn make_ready_on_raw<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: Stream,
+) -> Result<(), Error> {
+    let tensor = tensor.into();
     match tensor.ready() {
         Ready::Now => Ok(()),
         Ready::Stream(producer)
@@ -447,18 +455,18 @@ pub unsafe fn make_ready_on_raw(tensor: &Tensor, consumer: Stream) -> Result<(),
         }
         Ready::Stream(producer) => {
             // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-            let c = unsafe { At::locate_for(consumer, tensor) }?;
+            let c = unsafe { At::locate_for(consumer, tensor.device()) }?;
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream: whoever attached the readiness vouched for both
             // (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
+            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
             // SAFETY: both live, as just said.
             unsafe { c.wait_stream(&p, Fork::Refused) }
         }
         Ready::Signal(signal) => match signal.as_any().downcast_ref::<CudaSignal>() {
             Some(own) => {
                 // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-                let c = unsafe { At::locate_for(consumer, tensor) }?;
+                let c = unsafe { At::locate_for(consumer, tensor.device()) }?;
                 // SAFETY: as above.
                 unsafe { c.wait_signal(own) }
             }
@@ -529,11 +537,45 @@ pub unsafe fn handoff_raw(tensor: &Tensor, consumer: Stream) -> Result<Tensor, E
 /// and none otherwise (a stream of another device, or of another context). Never blocks the
 /// host, except where [`make_ready_on`] says.
 pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Error> {
+    let ready = handoff_ready(tensor, consumer)?;
+    if same_ready(&ready, tensor.ready()) {
+        return Ok(tensor.clone());
+    }
+    // SAFETY: `handoff_ready`'s result, for this tensor: obligations 1 to 3 hold (its docs).
+    Ok(unsafe { tensor.clone().with_ready(ready) })
+}
+
+/// Whether two readinesses are the same value (one `handoff_ready` gave back unchanged).
+fn same_ready(a: &Ready, b: &Ready) -> bool {
+    match (a, b) {
+        (Ready::Now, Ready::Now) => true,
+        (Ready::Stream(x), Ready::Stream(y)) => x == y,
+        (Ready::Signal(x), Ready::Signal(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+/// What [`handoff`] attaches, for a borrowed tensor (no owner needed): orders `consumer`
+/// after the producer on the GPU ([`make_ready_on`]) and returns the readiness of the data
+/// on `consumer`: the tensor's own when it is [`Ready::Now`] or already ready on `consumer`
+/// itself, otherwise a [`CudaSignal`] recorded on `consumer` right after the wait (which
+/// keeps `consumer` alive).
+///
+/// The result may be attached to this tensor or a clone of it ([`Tensor::with_ready`]), whose
+/// obligations hold for it: 1. `consumer` waits for the producer, and the signal captures
+/// that wait; 2. the signal names a stream only when it is `consumer`, of the tensor's
+/// device's primary context, and keeps it alive; 3. it never names the per-thread default
+/// stream.
+pub fn handoff_ready<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: &Arc<CudaStream>,
+) -> Result<Ready, Error> {
+    let tensor = tensor.into();
     make_ready_on(tensor, consumer)?;
     match tensor.ready() {
-        Ready::Now => return Ok(tensor.clone()),
-        Ready::Stream(producer) if is_consumer(tensor, *producer, consumer)? => {
-            return Ok(tensor.clone());
+        Ready::Now => return Ok(Ready::Now),
+        Ready::Stream(producer) if is_consumer(tensor.device(), *producer, consumer)? => {
+            return Ok(tensor.ready().clone());
         }
         _ => {}
     }
@@ -545,15 +587,7 @@ pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Er
         // memory have none: the signal's event is what consumers wait on).
         signal.named = None;
     }
-    // SAFETY:
-    // - 1: `consumer` now waits for the producer (`make_ready_on`), and the event
-    //   captures the work on `consumer` up to and including that wait, so work ordered after
-    //   the event sees the producer's writes;
-    // - 2: the signal names a stream only when it is `consumer`, of the tensor's device's
-    //   primary context (`record`, `same_device`), and holds a clone of its `Arc`, so the
-    //   stream lives as long as the signal, which every tensor carrying it holds;
-    // - 3: it never names the per-thread default stream (`record`).
-    Ok(unsafe { tensor.clone().with_ready(signal.into_ready()) })
+    Ok(signal.into_ready())
 }
 
 /// The same tensor with [`Ready::Stream`]`(p)` turned into a [`CudaSignal`] recorded on `p`
@@ -563,11 +597,33 @@ pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Er
 /// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
 /// the readiness vouched for ([`Tensor::with_ready`]).
 pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
+    if !matches!(tensor.ready(), Ready::Stream(_)) {
+        return Ok(tensor.clone());
+    }
+    let ready = settle(tensor)?;
+    // SAFETY: `settle`'s result for this tensor: obligations 1 to 3 hold (its docs).
+    Ok(unsafe { tensor.clone().with_ready(ready) })
+}
+
+/// What [`record_ready`] attaches, for a borrowed tensor: a [`Ready::Stream`]`(p)` becomes a
+/// [`CudaSignal`] recorded on `p` now; any other readiness comes back as it is (a clone).
+///
+/// The result may be attached to this tensor or a clone of it ([`Tensor::with_ready`]), whose
+/// obligations hold for it: 1. the event captures the work enqueued on the producer so far,
+/// which is what the readiness said to wait for; 2. the signal names the tensor's producer
+/// stream (none for the per-thread default stream, and for pinned and managed memory), which
+/// the promise made when that readiness was attached keeps live while a clone names it; 3. it
+/// never names the per-thread default stream.
+///
+/// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
+/// the readiness vouched for ([`Tensor::with_ready`]).
+pub fn settle<'t>(tensor: impl Into<TensorRef<'t>>) -> Result<Ready, Error> {
+    let tensor = tensor.into();
     match tensor.ready() {
         Ready::Stream(producer) => {
             let ordinal = match producer {
                 Stream::Handle(_) => 0,
-                _ => stream_device(tensor, *producer)?,
+                _ => stream_device(tensor.device(), *producer)?,
             };
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3, vouched
@@ -577,16 +633,9 @@ pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
                 // Pinned and managed memory: a sentinel names no device for others.
                 signal.named = None;
             }
-            // SAFETY:
-            // - 1: the event captures the work enqueued on the producer so far, which is what
-            //   the tensor's readiness said to wait for;
-            // - 2: the signal names the tensor's producer stream, or none for the per-thread
-            //   default stream, and the result is a clone of the tensor: the promise made when
-            //   that readiness was attached keeps the stream live until no clone names it;
-            // - 3: the signal never names the per-thread default stream (`record_raw`).
-            Ok(unsafe { tensor.clone().with_ready(signal.into_ready()) })
+            Ok(signal.into_ready())
         }
-        _ => Ok(tensor.clone()),
+        other => Ok(other.clone()),
     }
 }
 
@@ -597,12 +646,31 @@ pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
 /// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
 /// the readiness vouched for ([`Tensor::with_ready`]).
 pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
+    if tensor.ready().is_now() {
+        return Ok(tensor.clone());
+    }
+    wait_ready(tensor)?;
+    // SAFETY:
+    // - 1: the host has waited for all the work the tensor's readiness covered, which
+    //   includes every write of its producer (that readiness was true): no write is pending;
+    // - 2 and 3: `Ready::Now` names no stream.
+    Ok(unsafe { tensor.clone().with_ready(Ready::Now) })
+}
+
+/// [`synchronize`] for a borrowed tensor: blocks the calling thread until the tensor's data
+/// is ready (the producer's work up to now). An error for work recorded in a CUDA graph
+/// capture ([`Error::HostWaitInCapture`]).
+///
+/// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
+/// the readiness vouched for ([`Tensor::with_ready`]).
+pub fn wait_ready<'t>(tensor: impl Into<TensorRef<'t>>) -> Result<(), Error> {
+    let tensor = tensor.into();
     match tensor.ready() {
-        Ready::Now => return Ok(tensor.clone()),
+        Ready::Now => Ok(()),
         Ready::Stream(producer) => {
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
+            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
             // SAFETY: as above.
             let (event, capture) = unsafe { p.record() }?;
             if let Some(id) = capture {
@@ -610,15 +678,10 @@ pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
                     capture: CaptureStatus::Active { id },
                 });
             }
-            event.synchronize()?;
+            event.synchronize()
         }
-        Ready::Signal(signal) => signal.synchronize().map_err(Error::from_signal)?,
+        Ready::Signal(signal) => signal.synchronize().map_err(Error::from_signal),
     }
-    // SAFETY:
-    // - 1: the host has waited for all the work the tensor's readiness covered, which
-    //   includes every write of its producer (that readiness was true): no write is pending;
-    // - 2 and 3: `Ready::Now` names no stream.
-    Ok(unsafe { tensor.clone().with_ready(Ready::Now) })
 }
 
 /// Makes work submitted to a cudarc stream after this call wait, on the GPU, until `tensor`'s
@@ -632,7 +695,14 @@ pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
 /// [`CudaSignal`]) can only be asked to wait on a stream of the tensor's device's primary
 /// context ([`ReadySignal::enqueue_wait`]); for any other stream the host waits for the
 /// signal instead ([`ReadySignal::synchronize`]).
-pub fn make_ready_on(tensor: &Tensor, consumer: &CudaStream) -> Result<(), Error> {
+///
+/// Takes a `&Tensor` or a borrowed [`TensorRef`] (`tensor.as_ref()`, or an adapter's argument
+/// pinned for a call): ordering needs no owner.
+pub fn make_ready_on<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: &CudaStream,
+) -> Result<(), Error> {
+    let tensor = tensor.into();
     let c = At::cudarc(consumer);
     match tensor.ready() {
         Ready::Now => Ok(()),
@@ -640,7 +710,7 @@ pub fn make_ready_on(tensor: &Tensor, consumer: &CudaStream) -> Result<(), Error
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3, vouched
             // for by whoever attached the readiness).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
+            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
             // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; the
             // producer as just said.
             unsafe { c.wait_stream(&p, Fork::Refused) }
@@ -667,13 +737,13 @@ pub fn make_ready_on(tensor: &Tensor, consumer: &CudaStream) -> Result<(), Error
     }
 }
 
-/// Whether `producer`, the readiness stream of `tensor`, is `consumer` itself.
-fn is_consumer(tensor: &Tensor, producer: Stream, consumer: &CudaStream) -> Result<bool, Error> {
+/// Whether `producer`, the readiness stream of a tensor on `device`, is `consumer` itself.
+fn is_consumer(device: Device, producer: Stream, consumer: &CudaStream) -> Result<bool, Error> {
     if producer != stream_of(consumer) || producer == Stream::PerThreadDefault {
         return Ok(false);
     }
     // SAFETY: the tensor's producer stream is live (`Tensor::with_ready` obligation 2).
-    let p = unsafe { At::locate_for(producer, tensor) }?;
+    let p = unsafe { At::locate_for(producer, device) }?;
     Ok(p.same_as(&At::cudarc(consumer)))
 }
 
@@ -744,4 +814,24 @@ pub unsafe fn join_raw(waiter: &CudaStream, producer: Stream) -> Result<(), Erro
     // SAFETY: `waiter` is a cudarc stream borrowed for the call; `producer` is live
     // (obligation 1).
     unsafe { w.wait_stream(&p, Fork::Allowed) }
+}
+
+/// [`join`] for a raw waiter: `waiter` (a handle of any primary context, or a default stream
+/// of device `ordinal`'s primary context) waits, on the GPU, for the work enqueued on
+/// `producer` so far. Inside a capture, the join of CUDA's fork pattern.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `waiter` is a live stream for the duration of the call: the handle of a stream that
+///    has not been destroyed, or a default stream.
+pub(crate) unsafe fn join_into_raw(
+    waiter: Stream,
+    ordinal: u32,
+    producer: &CudaStream,
+) -> Result<(), Error> {
+    // SAFETY: a live stream (obligation 1).
+    let w = unsafe { At::locate(waiter, ordinal) }?;
+    // SAFETY: `waiter` is live (obligation 1); `producer` is a cudarc stream borrowed for the
+    // call.
+    unsafe { w.wait_stream(&At::cudarc(producer), Fork::Allowed) }
 }

@@ -221,6 +221,35 @@ pub(crate) mod stream {
         Ok(ctx)
     }
 
+    /// `cuStreamCreate` with `flags`, in the current context.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread (the stream's).
+    pub(crate) unsafe fn create(flags: u32) -> Result<sys::CUstream, Error> {
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: obligations 0 and 1; the driver writes one handle through a pointer to a
+        // live local.
+        Error::check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut stream, flags)
+        })?;
+        Ok(stream)
+    }
+
+    /// `cuStreamSynchronize`: blocks the calling thread until the work enqueued on `stream`
+    /// has finished.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. `stream` is a live stream for the call, and a context is current (whose default
+    ///    streams the sentinels name).
+    pub(crate) unsafe fn synchronize(stream: sys::CUstream) -> Result<(), Error> {
+        // SAFETY: obligations 0 and 1.
+        Error::check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream)
+        })
+    }
+
     /// `cuStreamWaitEvent`: work enqueued on `stream` after this call waits, on the device,
     /// for the work `event` captured. Never blocks the host.
     ///
@@ -396,6 +425,63 @@ pub(crate) mod pointer {
                 attributes.as_mut_ptr(),
                 slots.as_mut_ptr(),
                 addr as sys::CUdeviceptr,
+            )
+        })
+    }
+}
+
+/// Device memory.
+pub(crate) mod mem {
+    use cudarc::driver::sys;
+
+    use crate::error::Error;
+
+    /// `cuMemAlloc`: `len` (> 0) bytes of device memory in the current context.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread (the memory's).
+    pub(crate) unsafe fn alloc(len: usize) -> Result<sys::CUdeviceptr, Error> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: obligations 0 and 1; the driver writes the address through a pointer to a
+        // live local.
+        Error::check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len) })?;
+        Ok(ptr)
+    }
+
+    /// `cuMemFree`. The driver waits for work still using the memory before it frees it.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. `ptr` came from [`alloc`] in the context now current, and is freed once.
+    pub(crate) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<(), Error> {
+        // SAFETY: obligations 0 and 1.
+        Error::check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    /// `cuMemcpyAsync`: `len` bytes from `src` to `dst` (any addresses unified addressing
+    /// knows: device, managed, pinned or pageable host memory), enqueued on `stream`.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current, and `stream` is a live stream for the call (the sentinels
+    ///    name the current context's default streams);
+    /// 2. `src` is readable and `dst` writable for `len` bytes until the copy has run (for
+    ///    pageable host memory, until the call returns: the driver stages it), and they do
+    ///    not overlap.
+    pub(crate) unsafe fn memcpy_async(
+        dst: usize,
+        src: usize,
+        len: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), Error> {
+        // SAFETY: obligations 0 to 2.
+        Error::check("cuMemcpyAsync", unsafe {
+            sys::cuMemcpyAsync(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                len,
+                stream,
             )
         })
     }
