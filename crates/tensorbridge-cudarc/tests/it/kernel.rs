@@ -9,7 +9,11 @@ fn nvrtc_missing_or_present_never_panics() {
     match ptx(src, "k") {
         Ok(p) => assert!(tensorbridge_cudarc::nvrtc_present() && p.to_src().contains(".entry k")),
         Err(e) => {
-            assert!(!tensorbridge_cudarc::nvrtc_present());
+            assert!(
+                !tensorbridge_cudarc::nvrtc_present(),
+                "libnvrtc at {:?} failed: {e}",
+                tensorbridge_cudarc::nvrtc_path()
+            );
             assert!(matches!(e, Error::NoNvrtc), "{e:?}");
             assert_eq!(
                 e.to_string(),
