@@ -211,7 +211,12 @@ fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usi
         // the whole of it), kept alive by `src`; `to` is a fresh host buffer of at least
         // `len` bytes, disjoint from the source.
         unsafe {
-            tensorbridge_cuda::copy::to_host(src, from, std::ptr::with_exposed_provenance_mut(to), len)
+            tensorbridge_cuda::copy::to_host(
+                src,
+                from,
+                std::ptr::with_exposed_provenance_mut(to),
+                len,
+            )
         }
     })?;
     Ok(())

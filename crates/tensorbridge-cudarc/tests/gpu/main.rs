@@ -15,8 +15,7 @@ mod contexts;
 mod devices;
 mod dtypes;
 mod graphs;
-mod handoff;
-mod pointer;
+mod kernels;
 mod roundtrip;
 
 use cudarc::driver::{CudaSlice, DevicePtr};
