@@ -73,9 +73,8 @@ impl CudaSignal {
     ///    is undefined behaviour in the driver).
     pub unsafe fn record_raw(ordinal: u32, producer: Stream) -> Result<CudaSignal, Error> {
         // SAFETY: `producer` is live for the call (our caller's obligation 1).
-        let at = unsafe { At::locate(producer, ordinal) }?;
-        // SAFETY: as above.
-        let (event, capture) = unsafe { at.record() }?;
+        let at = unsafe { Located::locate(producer, ordinal) }?;
+        let (event, capture) = at.record()?;
         Ok(CudaSignal {
             event: Arc::new(event),
             producer,
@@ -93,8 +92,7 @@ impl CudaSignal {
     /// its device's primary context other than the per-thread default stream, and none
     /// otherwise.
     pub fn record(stream: &Arc<CudaStream>) -> Result<CudaSignal, Error> {
-        // SAFETY: a cudarc stream borrowed for the call is live.
-        let (event, capture) = unsafe { At::cudarc(stream).record() }?;
+        let (event, capture) = Located::cudarc(stream).record()?;
         Ok(CudaSignal {
             event: Arc::new(event),
             producer: stream_of(stream),
@@ -143,16 +141,14 @@ impl CudaSignal {
     pub unsafe fn wait_on_raw(&self, consumer: Stream) -> Result<(), Error> {
         let ordinal = u32::try_from(self.event.context().ordinal()).unwrap_or(u32::MAX);
         // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-        let at = unsafe { At::locate(consumer, ordinal) }?;
-        // SAFETY: as above.
-        unsafe { at.wait_signal(self) }
+        let at = unsafe { Located::locate(consumer, ordinal) }?;
+        at.wait_signal(self)
     }
 
     /// [`CudaSignal::wait_on_raw`] for a cudarc stream, of any context or device (its default
     /// streams are its own context's). Safe: the stream is live for the call by construction.
     pub fn wait_on(&self, consumer: &CudaStream) -> Result<(), Error> {
-        // SAFETY: a cudarc stream borrowed for the call is live.
-        unsafe { At::cudarc(consumer).wait_signal(self) }
+        Located::cudarc(consumer).wait_signal(self)
     }
 
     /// Whether the recorded work has finished; never blocks. An error for a signal recorded
@@ -201,7 +197,11 @@ impl ReadySignal for CudaSignal {
 
 /// A stream located for the driver: the context its default-stream sentinels mean (a
 /// primary context for raw streams; its own for cudarc streams), and its raw handle.
-struct At<'a> {
+///
+/// The type carries the promise that the stream is live while the value exists: the safe
+/// [`Located::cudarc`] borrows a cudarc stream for `'a`, and the `unsafe` [`Located::locate`]
+/// makes its caller vouch for a raw one. Its methods are then safe.
+struct Located<'a> {
     ctx: Ctx<'a>,
     raw: sys::CUstream,
     /// The core's name of the stream (for same-stream checks and messages).
@@ -224,10 +224,10 @@ impl Ctx<'_> {
     }
 }
 
-impl<'a> At<'a> {
+impl<'a> Located<'a> {
     /// A cudarc stream, in its own context.
-    fn cudarc(stream: &'a CudaStream) -> At<'a> {
-        At {
+    fn cudarc(stream: &'a CudaStream) -> Located<'a> {
+        Located {
             ctx: Ctx::Cudarc(stream.context()),
             raw: stream.cu_stream(),
             name: stream_of(stream),
@@ -239,15 +239,15 @@ impl<'a> At<'a> {
     ///
     /// # Safety
     /// The caller guarantees:
-    /// 1. `stream` is live for the duration of the call (a handle that has not been
-    ///    destroyed, or a sentinel).
-    unsafe fn locate(stream: Stream, ordinal: u32) -> Result<At<'static>, Error> {
+    /// 1. \[live\] `stream` is live (a handle that has not been destroyed, or a sentinel)
+    ///    for the call and as long as the returned value exists.
+    unsafe fn locate(stream: Stream, ordinal: u32) -> Result<Located<'static>, Error> {
         let dev = match stream {
             // SAFETY: a live handle (obligation 1).
             Stream::Handle(h) => unsafe { device_of_stream(h) }?,
             _ => device(ordinal)?,
         };
-        Ok(At {
+        Ok(Located {
             ctx: Ctx::Primary(dev),
             raw: raw_stream(stream),
             name: stream,
@@ -258,50 +258,42 @@ impl<'a> At<'a> {
     /// device the tensor's stream work runs on ([`stream_device`]).
     ///
     /// # Safety
-    /// As [`At::locate`].
-    unsafe fn locate_for(stream: Stream, device: Device) -> Result<At<'static>, Error> {
+    /// As [`Located::locate`].
+    unsafe fn locate_for(stream: Stream, device: Device) -> Result<Located<'static>, Error> {
         let ordinal = match stream {
             // The handle says where it is; the ordinal is unused.
             Stream::Handle(_) => 0,
             _ => stream_device(device, stream)?,
         };
         // SAFETY: forwarded obligation 1.
-        unsafe { At::locate(stream, ordinal) }
+        unsafe { Located::locate(stream, ordinal) }
     }
 
     /// Whether `self` and `other` are one stream (the same handle, or the same sentinel of one
     /// context; never the per-thread stream, which is another stream on every thread, so a
     /// name alone cannot prove it).
-    fn same_as(&self, other: &At<'_>) -> bool {
+    fn same_as(&self, other: &Located<'_>) -> bool {
         self.name != Stream::PerThreadDefault
             && self.name == other.name
             && self.ctx.get().cu_ctx() == other.ctx.get().cu_ctx()
     }
 
     /// The stream's capture state.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn capture(&self) -> Result<Capture, Error> {
+    fn capture(&self) -> Result<Capture, Error> {
         let _bound = bind(self.ctx.get())?;
-        // SAFETY: live (obligation 1), its context current.
+        // SAFETY: live while `self` exists (the type's promise), its context current.
         unsafe { capture_of(self.raw) }
     }
 
     /// A pooled event recorded on the stream now, with the capture it was recorded in.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn record(&self) -> Result<(Event, Option<u64>), Error> {
-        // SAFETY: live (obligation 1).
-        let capture = match unsafe { self.capture() }? {
+    fn record(&self) -> Result<(Event, Option<u64>), Error> {
+        let capture = match self.capture()? {
             Capture::Implicit => return Err(Error::LegacyDuringCapture),
             c => c.id(),
         };
         let event = Event::in_context(self.ctx.get())?;
-        // SAFETY: live (obligation 1); the event is in the stream's context.
+        // SAFETY: live while `self` exists (the type's promise); the event is in the
+        // stream's context.
         unsafe { event.record(self.raw) }?;
         Ok((event, capture))
     }
@@ -309,18 +301,12 @@ impl<'a> At<'a> {
     /// Makes the stream wait, on the device, for the work enqueued on `producer` so far:
     /// nothing when they are one stream, an event and a wait otherwise, following the capture
     /// rules of the crate docs. Never blocks the host.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. both streams are live for the duration of the call.
-    unsafe fn wait_stream(&self, producer: &At<'_>, fork: Fork) -> Result<(), Error> {
+    fn wait_stream(&self, producer: &Located<'_>, fork: Fork) -> Result<(), Error> {
         if self.same_as(producer) {
             return Ok(());
         }
-        // SAFETY: live (obligation 1).
-        let consumer_capture = unsafe { self.capture() }?;
-        // SAFETY: live (obligation 1).
-        let producer_capture = unsafe { producer.capture() }?;
+        let consumer_capture = self.capture()?;
+        let producer_capture = producer.capture()?;
         let plan = plan_wait(
             producer_capture.status(),
             consumer_capture,
@@ -333,29 +319,27 @@ impl<'a> At<'a> {
                 // The producer's work as of now, waited for by the graph at replay (a
                 // dedicated event, kept with the graph so it is never re-recorded).
                 let event = Arc::new(Event::in_context(producer.ctx.get())?);
-                // SAFETY: the producer is live (obligation 1); the event is in its context.
+                // SAFETY: the producer is live while it exists (the type's promise); the
+                // event is in its context.
                 unsafe { event.record(producer.raw) }?;
-                // SAFETY: the consumer is live (obligation 1).
+                // SAFETY: the consumer (`self`) is live while it exists (the type's promise).
                 unsafe { event.make_wait_in(self.raw, self.ctx.get(), Wait::External) }?;
                 keep_with_graph(graph, Box::new(event));
                 return Ok(());
             }
         };
         let event = Event::in_context(producer.ctx.get())?;
-        // SAFETY: the producer is live (obligation 1); the event is in its context.
+        // SAFETY: the producer is live while it exists (the type's promise); the event is
+        // in its context.
         unsafe { event.record(producer.raw) }?;
-        // SAFETY: the consumer is live (obligation 1).
+        // SAFETY: the consumer (`self`) is live while it exists (the type's promise).
         unsafe { event.make_wait_in(self.raw, self.ctx.get(), wait) }
         // The event goes back to the pool here; the wait already captured it.
     }
 
     /// Makes the stream wait, on the device, for `signal`'s recorded work, following the
     /// capture rules of the crate docs. Never blocks the host.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn wait_signal(&self, signal: &CudaSignal) -> Result<(), Error> {
+    fn wait_signal(&self, signal: &CudaSignal) -> Result<(), Error> {
         let recorded_here = signal.producer != Stream::PerThreadDefault
             && signal.producer == self.name
             && signal.event.context().cu_ctx() == self.ctx.get().cu_ctx();
@@ -364,8 +348,7 @@ impl<'a> At<'a> {
             // enqueued here from now on.
             return Ok(());
         }
-        // SAFETY: live (obligation 1).
-        let consumer_capture = unsafe { self.capture() }?;
+        let consumer_capture = self.capture()?;
         let producer = match signal.capture {
             Some(id) => CaptureStatus::Active { id },
             None => CaptureStatus::None,
@@ -374,7 +357,7 @@ impl<'a> At<'a> {
         let wait = match plan_wait(producer, consumer_capture, Fork::Refused, false)? {
             WaitPlan::Wait => Wait::Default,
             WaitPlan::WaitExternal(graph) => {
-                // SAFETY: live (obligation 1).
+                // SAFETY: live while `self` exists (the type's promise).
                 unsafe {
                     signal
                         .event
@@ -384,7 +367,7 @@ impl<'a> At<'a> {
                 return Ok(());
             }
         };
-        // SAFETY: live (obligation 1).
+        // SAFETY: live while `self` exists (the type's promise).
         unsafe { signal.event.make_wait_in(self.raw, self.ctx.get(), wait) }
     }
 }
@@ -455,20 +438,18 @@ pub unsafe fn make_ready_on_raw<'t>(
         }
         Ready::Stream(producer) => {
             // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-            let c = unsafe { At::locate_for(consumer, tensor.device()) }?;
+            let c = unsafe { Located::locate_for(consumer, tensor.device()) }?;
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream: whoever attached the readiness vouched for both
             // (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
-            // SAFETY: both live, as just said.
-            unsafe { c.wait_stream(&p, Fork::Refused) }
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            c.wait_stream(&p, Fork::Refused)
         }
         Ready::Signal(signal) => match signal.as_any().downcast_ref::<CudaSignal>() {
             Some(own) => {
                 // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-                let c = unsafe { At::locate_for(consumer, tensor.device()) }?;
-                // SAFETY: as above.
-                unsafe { c.wait_signal(own) }
+                let c = unsafe { Located::locate_for(consumer, tensor.device()) }?;
+                c.wait_signal(own)
             }
             // SAFETY: our caller's obligation 1 is `enqueue_wait`'s: a live stream on the
             // tensor's device (the signal's) for the call.
@@ -670,9 +651,8 @@ pub fn wait_ready<'t>(tensor: impl Into<TensorRef<'t>>) -> Result<(), Error> {
         Ready::Stream(producer) => {
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
-            // SAFETY: as above.
-            let (event, capture) = unsafe { p.record() }?;
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            let (event, capture) = p.record()?;
             if let Some(id) = capture {
                 return Err(Error::HostWaitInCapture {
                     capture: CaptureStatus::Active { id },
@@ -703,21 +683,18 @@ pub fn make_ready_on<'t>(
     consumer: &CudaStream,
 ) -> Result<(), Error> {
     let tensor = tensor.into();
-    let c = At::cudarc(consumer);
+    let c = Located::cudarc(consumer);
     match tensor.ready() {
         Ready::Now => Ok(()),
         Ready::Stream(producer) => {
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3, vouched
             // for by whoever attached the readiness).
-            let p = unsafe { At::locate_for(*producer, tensor.device()) }?;
-            // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; the
-            // producer as just said.
-            unsafe { c.wait_stream(&p, Fork::Refused) }
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            c.wait_stream(&p, Fork::Refused)
         }
         Ready::Signal(signal) => match signal.as_any().downcast_ref::<CudaSignal>() {
-            // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live.
-            Some(own) => unsafe { c.wait_signal(own) },
+            Some(own) => c.wait_signal(own),
             None => {
                 let in_primary = match tensor.device().kind {
                     DeviceType::Cuda => device(tensor.device().ordinal)
@@ -743,8 +720,8 @@ fn is_consumer(device: Device, producer: Stream, consumer: &CudaStream) -> Resul
         return Ok(false);
     }
     // SAFETY: the tensor's producer stream is live (`Tensor::with_ready` obligation 2).
-    let p = unsafe { At::locate_for(producer, device) }?;
-    Ok(p.same_as(&At::cudarc(consumer)))
+    let p = unsafe { Located::locate_for(producer, device) }?;
+    Ok(p.same_as(&Located::cudarc(consumer)))
 }
 
 /// The core's name for a cudarc stream where that name means the stream on every thread: a
@@ -789,8 +766,7 @@ pub fn ready_on(stream: &Arc<CudaStream>) -> Result<Ready, Error> {
 ///
 /// Safe: both are cudarc streams, live for the call by construction.
 pub fn join(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
-    // SAFETY: both are cudarc streams borrowed for the call, so live.
-    unsafe { At::cudarc(waiter).wait_stream(&At::cudarc(producer), Fork::Allowed) }
+    Located::cudarc(waiter).wait_stream(&Located::cudarc(producer), Fork::Allowed)
 }
 
 /// [`join`] for a raw producer stream: a handle of any primary context, or a default stream of
@@ -801,19 +777,17 @@ pub fn join(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
 /// 1. `producer` is a live stream for the duration of the call: the handle of a stream that
 ///    has not been destroyed, or a default stream.
 pub unsafe fn join_raw(waiter: &CudaStream, producer: Stream) -> Result<(), Error> {
-    let w = At::cudarc(waiter);
+    let w = Located::cudarc(waiter);
     let p = match producer {
         // SAFETY: a live handle (obligation 1).
-        Stream::Handle(_) => unsafe { At::locate(producer, 0) }?,
-        _ => At {
+        Stream::Handle(_) => unsafe { Located::locate(producer, 0) }?,
+        _ => Located {
             ctx: Ctx::Cudarc(waiter.context()),
             raw: raw_stream(producer),
             name: producer,
         },
     };
-    // SAFETY: `waiter` is a cudarc stream borrowed for the call; `producer` is live
-    // (obligation 1).
-    unsafe { w.wait_stream(&p, Fork::Allowed) }
+    w.wait_stream(&p, Fork::Allowed)
 }
 
 /// [`join`] for a raw waiter: `waiter` (a handle of any primary context, or a default stream
@@ -830,8 +804,6 @@ pub(crate) unsafe fn join_into_raw(
     producer: &CudaStream,
 ) -> Result<(), Error> {
     // SAFETY: a live stream (obligation 1).
-    let w = unsafe { At::locate(waiter, ordinal) }?;
-    // SAFETY: `waiter` is live (obligation 1); `producer` is a cudarc stream borrowed for the
-    // call.
-    unsafe { w.wait_stream(&At::cudarc(producer), Fork::Allowed) }
+    let w = unsafe { Located::locate(waiter, ordinal) }?;
+    w.wait_stream(&Located::cudarc(producer), Fork::Allowed)
 }

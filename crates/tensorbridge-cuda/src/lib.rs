@@ -186,18 +186,16 @@ pub use retire::{retire_all_on, retire_all_on_raw, retire_on, retire_on_raw};
 pub use scope::{StreamLife, with_stream_raw};
 pub use types::{CaptureStatus, MemoryType, raw_stream, stream_from_raw, stream_of};
 
-/// Releases the keepers of borrowed streams whose last escaped wrapper is gone
-/// ([`with_stream_raw`]), and the owners that dropped views kept alive, once the device has
-/// finished the consumer work enqueued before each view was dropped (and those kept by CUDA
-/// graphs that have since been destroyed), and returns how many still wait for device work.
-/// The calling thread's current context is as it was afterwards, whatever the released
-/// owners' drops made current (a cudarc buffer or stream binds its own context to free
-/// itself).
+/// Releases, from the calling thread and now, what the layer keeps and no longer needs to:
+/// the keepers of borrowed streams whose last escaped wrapper is gone ([`with_stream_raw`]),
+/// the owners of CUDA graphs since destroyed, and retired owners whose work has finished
+/// (the reaper threads release those anyway, soon after the work ends; this does not wait
+/// for them). Returns how many retirements still wait for device work. The calling thread's
+/// current context is as it was afterwards, whatever the released owners' drops made current
+/// (a cudarc buffer or stream binds its own context to free itself).
 ///
-/// The cudarc adapter calls it on every view and `try_into_slice`, the tch adapter when it
-/// hands memory to libtorch; call it yourself to release memory sooner when no more views
-/// are coming. Never blocks on the device. Its event queries use the relaxed capture mode,
-/// so a CUDA graph being captured on any thread is not disturbed.
+/// Never blocks on the device. Its event queries use the relaxed capture mode, so a CUDA
+/// graph being captured on any thread is not disturbed.
 pub fn reclaim() -> usize {
     // Without a driver there is nothing to save (the guard is inert) and nothing was retired.
     let _restore = ContextGuard::save().ok();

@@ -46,11 +46,18 @@ impl KernelLayout {
         KernelLayout::new(desc.shape(), desc.strides_elems())
     }
 
-    /// A layout from extents and strides in elements (of equal length, as a validated
-    /// layout has; extra strides are ignored); [`Error::RankTooLarge`] past
-    /// [`MAX_KERNEL_RANK`] dimensions.
+    /// A layout from extents and strides in elements, of equal length (as a validated
+    /// layout has: the core's [`RankMismatch`](tensorbridge::Error::RankMismatch) otherwise);
+    /// [`Error::RankTooLarge`] past [`MAX_KERNEL_RANK`] dimensions.
     pub fn new(shape: &[i64], strides: &[i64]) -> Result<KernelLayout, Error> {
         let rank = shape.len();
+        if strides.len() != rank {
+            return Err(tensorbridge::Error::RankMismatch {
+                shape: rank,
+                strides: strides.len(),
+            }
+            .into());
+        }
         if rank > MAX_KERNEL_RANK {
             return Err(Error::RankTooLarge {
                 rank,
@@ -64,9 +71,7 @@ impl KernelLayout {
             _pad: 0,
         };
         l.shape[..rank].copy_from_slice(shape);
-        for (d, s) in l.strides[..rank].iter_mut().zip(strides) {
-            *d = *s;
-        }
+        l.strides[..rank].copy_from_slice(strides);
         Ok(l)
     }
 }
