@@ -29,6 +29,7 @@ use cudarc::driver::sys;
 use crate::context::bind;
 use crate::error::Error;
 use crate::raw;
+use crate::release::InFlight;
 use crate::types::CaptureStatus;
 
 /// A capture sequence's id and the graph it is building.
@@ -215,17 +216,18 @@ fn start_dropper() {
             .name("tensorbridge-graph-release".into())
             .spawn(|| {
                 loop {
-                    let released = {
+                    let (released, in_flight) = {
                         let mut list = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
                         while list.is_empty() {
                             list = RELEASED_MORE
                                 .wait(list)
                                 .unwrap_or_else(PoisonError::into_inner);
                         }
-                        std::mem::take(&mut *list)
+                        (std::mem::take(&mut *list), InFlight::start())
                     };
                     // Dropped with no lock held: they may call CUDA or Python.
                     drop(released);
+                    drop(in_flight);
                 }
             });
     });

@@ -150,6 +150,7 @@
 // The modules, bottom-up: each uses only those above it in this list (cudarc's sys / result /
 // safe split is the model). `raw` is the only one that calls the driver's `cu*` functions.
 // - types:    MemoryType, CaptureStatus, raw stream handles <-> core streams; no driver call
+// - release:  releases in flight on the layer's own threads, which `reclaim` may wait for
 // - error:    the one error type
 // - raw:      libcuda's presence and initialisation, checked 1:1 driver calls (`unsafe fn`s)
 // - context:  primary contexts, binding and restoring the caller's, the thread's capture mode
@@ -169,6 +170,7 @@ mod event;
 mod handoff;
 mod pointer;
 mod raw;
+mod release;
 mod retire;
 mod scope;
 mod types;
@@ -189,8 +191,9 @@ pub use types::{CaptureStatus, MemoryType, raw_stream, stream_from_raw, stream_o
 /// Releases, from the calling thread and now, what the layer keeps and no longer needs to:
 /// the keepers of borrowed streams whose last escaped wrapper is gone ([`with_stream_raw`]),
 /// the owners of CUDA graphs since destroyed, and retired owners whose work has finished
-/// (the reaper threads release those anyway, soon after the work ends; this does not wait
-/// for them). Returns how many retirements still wait for device work. The calling thread's
+/// (the reaper threads release those anyway, soon after the work ends; a release one of them
+/// has just taken is waited for, up to 20 ms). Returns how many retirements still wait for
+/// device work. The calling thread's
 /// current context is as it was afterwards, whatever the released owners' drops made current
 /// (a cudarc buffer or stream binds its own context to free itself).
 ///
@@ -201,7 +204,12 @@ pub fn reclaim() -> usize {
     let _restore = ContextGuard::save().ok();
     capture::drain_released();
     scope::sweep();
-    retire::sweep()
+    let pending = retire::sweep();
+    // A release the layer's threads took just before (so not found above) finishes first, if
+    // it does soon: after this returns, what had completed is released. Bounded, since such a
+    // release may wait for something this thread holds (a Python owner, for the GIL).
+    release::wait_idle(std::time::Duration::from_millis(20));
+    pending
 }
 
 // Thread safety of the public types, checked at compile time:

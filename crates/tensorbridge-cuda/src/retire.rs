@@ -31,6 +31,7 @@ use crate::capture::{Capture, capture_of, keep_with_graph};
 use crate::context::{bind, device, relaxed};
 use crate::event::{Event, Kind};
 use crate::raw::ensure_driver;
+use crate::release::InFlight;
 use crate::types::raw_stream;
 
 /// How long a lane's thread waits for new work before it ends.
@@ -317,12 +318,15 @@ fn serve(key: LaneKey) {
         // No lock held: the wait may be long. An event recorded outside a capture may be
         // waited on (relaxed mode, by `Event::synchronize`) whatever other threads capture.
         let waited = oldest.synchronize();
-        let released = {
+        let (released, _in_flight) = {
             let mut lanes = lock();
             let Some(at) = lanes.iter().position(|l| l.key == key) else {
                 return;
             };
             let released = pop_complete(&mut lanes[at]);
+            // Counted before the lock goes: a `sweep` that finds the lane empty after this
+            // waits for these drops.
+            let in_flight = InFlight::start();
             let still_first = lanes[at]
                 .queue
                 .front()
@@ -334,7 +338,7 @@ fn serve(key: LaneKey) {
                     stuck._kept.leak();
                 }
             }
-            released
+            (released, in_flight)
         };
         drop(oldest);
         // Owners drop outside the lock: a Python owner takes the GIL, a cudarc buffer binds

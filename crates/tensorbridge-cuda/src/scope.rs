@@ -22,6 +22,7 @@
 //!   CUDA graph capture (CUDA's fork/join pattern), and no clone of the wrapper, escaped or
 //!   not, ever names the caller's stream.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
@@ -83,9 +84,16 @@ static SPARE: Mutex<Vec<Arc<CudaStream>>> = Mutex::new(Vec::new());
 /// Own streams whose wrapper escaped a scope: back to [`SPARE`] when the last clone is gone.
 static OUT: Mutex<Vec<Arc<CudaStream>>> = Mutex::new(Vec::new());
 
+/// How many entries [`ESCAPED`] and [`OUT`] hold together, so that [`sweep`] (on every
+/// [`with_stream_raw`]) takes no lock when nothing escaped.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
 /// Releases the owners of escaped wrappers whose last clone outside this crate is gone, and
 /// returns own streams to the spares likewise. Returns how many owners are still held.
 pub(crate) fn sweep() -> usize {
+    if HELD.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
     let mut released = Vec::new();
     let held = {
         let mut escaped = ESCAPED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,6 +108,7 @@ pub(crate) fn sweep() -> usize {
         }
         escaped.len()
     };
+    HELD.fetch_sub(released.len(), Ordering::AcqRel);
     // Owners drop outside the lock: a Python owner attaches to the interpreter.
     drop(released);
     let back: Vec<Arc<CudaStream>> = {
@@ -110,6 +119,7 @@ pub(crate) fn sweep() -> usize {
         *out = kept;
         free
     };
+    HELD.fetch_sub(back.len(), Ordering::AcqRel);
     if !back.is_empty() {
         SPARE
             .lock()
@@ -216,6 +226,7 @@ impl Drop for Scope {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((self.wrapped.clone(), keeper));
+            HELD.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -316,6 +327,7 @@ fn give_back(own: Arc<CudaStream>) {
             .push(own);
     } else {
         OUT.lock().unwrap_or_else(PoisonError::into_inner).push(own);
+        HELD.fetch_add(1, Ordering::AcqRel);
     }
 }
 
