@@ -1,5 +1,5 @@
 //! Keeps `docs/ERRORS.md` honest: every variant of the core, DLPack, CUDA Array Interface,
-//! CUDA layer and cudarc error enums has an entry (`Error::Name`) in its crate's section, with its message
+//! CUDA layer, cudarc and Python error enums has an entry (`Error::Name`) in its crate's section, with its message
 //! template exactly as the `#[error]` attribute spells it. A variant added or a message changed
 //! without the document following fails here.
 //!
@@ -117,7 +117,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 }
 
 /// (crate, error.rs, a variant the scanner must find, the least number of variants).
-const ENUMS: [(&str, &str, &str, usize); 5] = [
+const ENUMS: [(&str, &str, &str, usize); 6] = [
     (
         "tensorbridge",
         "crates/tensorbridge-core/src/error.rs",
@@ -148,6 +148,12 @@ const ENUMS: [(&str, &str, &str, usize); 5] = [
         "OutsideSlice",
         3,
     ),
+    (
+        "tensorbridge-pyo3",
+        "crates/tensorbridge-pyo3/src/error.rs",
+        "NotATensor",
+        40,
+    ),
 ];
 
 #[test]
@@ -168,7 +174,9 @@ fn the_scanner_finds_every_variant() {
         assert!(
             found
                 .iter()
-                .all(|v| v.template.is_some() || ["Core", "Cuda"].contains(&v.name.as_str())),
+                .all(|v| v.template.is_some()
+                    || ["Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python"]
+                        .contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"
         );
     }

@@ -78,6 +78,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod callback;
 mod device;
 mod dtype;
 mod error;

@@ -3,7 +3,7 @@
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through
-//!   [`AnyTensor`].
+//!   [`TensorArg`] (borrowed for the call).
 //! - `ramp(n)`: a cudarc buffer holding `0..n` handed to Python zero-copy as a
 //!   `tensorbridge.View`; consumers' streams wait for cudarc's on the GPU.
 //! - `axpy(alpha, x, y)`: `y += alpha * x` in place, by our own CUDA kernel (NVRTC), on
@@ -13,11 +13,11 @@
 //! - `axpy_ptr(alpha, x_ptr, y_ptr, n, stream)`: the same kernel on contiguous float32
 //!   device pointers and a stream handle extracted beforehand, nothing checked or ordered:
 //!   the benchmark's floor (`benches/python/compare.py`), not an API to copy.
-//! - `nop3(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three tensors of any framework
-//!   taken as [`AnyTensor`] (imported, validated, their owners held for the call) and their
-//!   total element count returned; the same with no argument; the same three through
-//!   dlpark 0.10's own PyO3 import. The per-call benchmark's subjects
-//!   (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
+//! - `nop3(x, y, z)` / `nop3_owned(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three
+//!   tensors of any framework taken as [`TensorArg`] (imported, validated, borrowed for the
+//!   call) or as [`AnyTensor`] (owned), and their total element count returned; the same with
+//!   no argument; the same three through dlpark 0.10's own PyO3 import. The per-call
+//!   benchmark's subjects (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
@@ -28,12 +28,12 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tensorbridge_cudarc::KernelLayout;
-use tensorbridge_pyo3::{AnyTensor, Error};
+use tensorbridge_pyo3::{AnyTensor, Error, TensorArg};
 
 /// Sums a float32 host tensor from any framework, without copying it.
 #[pyfunction]
-fn total(x: AnyTensor) -> Result<f32, Error> {
-    Ok(x.0.host_view::<f32>()?.iter().sum())
+fn total(x: TensorArg<'_, '_>) -> Result<f32, Error> {
+    Ok(x.as_ref().host_view::<f32>()?.iter().sum())
 }
 
 /// `0.0, 1.0, ..., n - 1` in a new cudarc buffer on device 0, as a `tensorbridge.View`.
@@ -63,14 +63,11 @@ extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
 /// `y += alpha * x` in place on float32 CUDA tensors of one shape (any strides), from
 /// PyTorch, CuPy, JAX...: our kernel, on the framework's current stream.
 #[pyfunction]
-fn axpy(alpha: f32, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<()> {
-    tensorbridge_pyo3::kernel_call(&[x, y], |call| {
-        let xv = call.input::<f32>(0)?;
-        let mut yv = call.output::<f32>(1)?; // ValueError if y overlaps x or itself
-        if xv.shape() != yv.shape() {
-            let msg = format!("x has shape {:?} but y {:?}", xv.shape(), yv.shape());
-            return Err(PyValueError::new_err(msg).into());
-        }
+fn axpy(alpha: f32, x: TensorArg<'_, '_>, y: TensorArg<'_, '_>) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call(&[&x, &y], |call| {
+        call.same_shape(&[&x, &y])?; // ValueError naming both shapes
+        let xv = call.input::<f32>(&x)?;
+        let mut yv = call.output::<f32>(&y)?; // ValueError if y overlaps x or itself
         let n = yv.numel();
         if n == 0 {
             return Ok(());
@@ -129,10 +126,17 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
         .map_err(|e| to_py_err(&e))?
 }
 
-/// Takes three tensors from any framework, zero-copy, and returns their total element count:
-/// what it costs to cross into Rust with three framework tensors.
+/// Takes three tensors from any framework, zero-copy, borrowed for the call, and returns their
+/// total element count: what it costs to cross into Rust with three framework tensors.
 #[pyfunction]
-fn nop3(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
+fn nop3(x: TensorArg<'_, '_>, y: TensorArg<'_, '_>, z: TensorArg<'_, '_>) -> u64 {
+    x.descriptor().numel() + y.descriptor().numel() + z.descriptor().numel()
+}
+
+/// [`nop3`] with owned tensors ([`AnyTensor`]: each kept by an owner that may outlive the
+/// call), for the benchmark's comparison of the two modes.
+#[pyfunction]
+fn nop3_owned(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
     x.0.numel() + y.0.numel() + z.0.numel()
 }
 
@@ -163,6 +167,7 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(axpy, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(nop3, m)?)?;
+    m.add_function(wrap_pyfunction!(nop3_owned, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
     Ok(())
