@@ -6,7 +6,7 @@ use cudarc::driver::{DriverError, sys};
 use tensorbridge::Device;
 
 use crate::ipc::DeviceUuid;
-use crate::{CaptureStatus, MemoryType};
+use crate::types::{CaptureStatus, MemoryType};
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
 /// core's refusals (layout, alignment, dtype, read-only...) pass through unchanged as

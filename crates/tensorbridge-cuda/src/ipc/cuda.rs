@@ -3,7 +3,7 @@
 //! them, and the consumer's imported ones), and the producer's private stream per device.
 //!
 //! Every call binds the device's primary context for its own duration and puts the caller's
-//! back (`crate::driver::bind`); none blocks the host.
+//! back (`crate::context::bind`); none blocks the host.
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -14,7 +14,8 @@ use tensorbridge::{Stream, StreamHandle, Tensor};
 
 use super::wire::DeviceUuid;
 use crate::Error;
-use crate::driver::{bind, device, ensure_driver};
+use crate::context::{bind, device};
+use crate::raw::ensure_driver;
 
 /// `cuDriverGetVersion` (12030 for CUDA 12.3), 0 when it cannot say.
 fn driver_version() -> i32 {

@@ -13,7 +13,7 @@ use super::cuda::{IpcEvent, check_shareable, device_uuid, mem_handle};
 use super::lifetime::{MAX_CONSUMERS, Refusal, SLOTS, SlotFile, me, uid};
 use super::wire::{Fields, IpcHandle, MAX_GENERATION, Memory, SlotRef};
 use super::{Report, report};
-use crate::driver::ensure_driver;
+use crate::raw::ensure_driver;
 use crate::{Error, MemoryType, check_span};
 
 /// A slot of one of this process's lifetime files.

@@ -17,7 +17,9 @@ use super::wire::{DeviceUuid, Fields, IpcHandle, Memory, ProcessId, SlotRef};
 use super::{Report, report};
 use crate::Error;
 use crate::capture::{Capture, capture_of, keep_with_graph};
-use crate::driver::{bind, device, device_of_stream, ensure_driver, raw_stream};
+use crate::context::{bind, device, device_of_stream};
+use crate::raw::ensure_driver;
+use crate::raw_stream;
 
 /// What this process has open of other processes' shares. Lifetime files and holds are
 /// found again through weak references (the tensors own them); mappings and imported events

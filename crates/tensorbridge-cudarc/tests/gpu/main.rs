@@ -15,9 +15,8 @@ mod contexts;
 mod devices;
 mod dtypes;
 mod graphs;
-mod handoff;
 mod ipc;
-mod pointer;
+mod kernels;
 mod roundtrip;
 
 use cudarc::driver::{CudaSlice, DevicePtr};

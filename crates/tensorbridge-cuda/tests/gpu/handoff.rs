@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
-use tensorbridge_cudarc as tbc;
 
 use crate::{Affine, Kernels, affine, context, dptr, grid, serial, timing_event};
 
@@ -257,8 +256,10 @@ fn handoff_to_the_default_streams() -> Result<()> {
     Ok(())
 }
 
+/// `make_ready_on` of a borrowed tensor (`TensorRef`, no owner), what a kernel argument's
+/// view does.
 #[test]
-fn a_view_orders_its_stream_without_blocking_the_host() -> Result<()> {
+fn make_ready_on_a_borrowed_tensor_orders_its_stream_without_blocking_the_host() -> Result<()> {
     let _serial = serial();
     let rig = Rig::new()?;
     rig.reset()?;
@@ -267,17 +268,17 @@ fn a_view_orders_its_stream_without_blocking_the_host() -> Result<()> {
         .launch(&rig.k, &rig.a)?;
     let a_end = timing_event(&rig.a)?;
     let start = Instant::now();
-    let x = tbc::view::<f32>(&rig.tensor, &rig.b)?;
+    tensorbridge_cuda::make_ready_on(rig.tensor.as_ref(), &rig.b)?;
     let host = start.elapsed();
     let producer_running = !a_end.is_complete();
     let c_start = timing_event(&rig.b)?;
     let (n, dst) = (N as u64, dptr(&rig.dst));
     let (scale, offset, spin) = (1.0f32, 0.0f32, 0u64);
-    // SAFETY: `spin_affine` reads the view's N floats into `dst`, on the view's stream.
+    // SAFETY: `spin_affine` reads the tensor's N floats into `dst`, on the stream made ready.
     unsafe {
         rig.b
             .launch_builder(&rig.k.spin_affine)
-            .arg(&x)
+            .arg(&rig.src)
             .arg(&dst)
             .arg(&n)
             .arg(&scale)
@@ -285,7 +286,6 @@ fn a_view_orders_its_stream_without_blocking_the_host() -> Result<()> {
             .arg(&spin)
             .launch(grid())
     }?;
-    drop(x);
     rig.ctx.synchronize()?;
     let got = rig.b.clone_dtoh(&rig.dst)?;
     let wrong = got
@@ -417,9 +417,10 @@ fn handoff_cost_per_call() -> Result<()> {
             .map_err(Into::into)
     })?;
     let view = time(&|| {
-        tbc::view::<f32>(&rig.tensor, &rig.b)
-            .map(drop)
-            .map_err(Into::into)
+        // What a view costs: the wait, and its owner retired when it drops.
+        tensorbridge_cuda::make_ready_on(rig.tensor.as_ref(), &rig.b)?;
+        tensorbridge_cuda::retire_on(&rig.b, rig.tensor.owner().clone());
+        Ok(())
     })?;
     rig.ctx.synchronize()?;
     tensorbridge_cuda::reclaim();
@@ -427,7 +428,7 @@ fn handoff_cost_per_call() -> Result<()> {
         "hand-off cost (host, mean of {CALLS}): Ready::Stream {stream_ready:.2} us \
          (event record + cuStreamWaitEvent), Ready::Signal {signal_ready:.2} us \
          (cuStreamWaitEvent), handoff_to {cudarc_ready:.2} us (event record + \
-         cuStreamWaitEvent + event record), record_ready {record:.2} us, view + drop \
+         cuStreamWaitEvent + event record), record_ready {record:.2} us, make_ready_on + retire_on \
          {view:.2} us"
     );
     assert!(
@@ -450,7 +451,10 @@ fn handoffs_return_device_memory_to_baseline() -> Result<()> {
             0 => drop(unsafe { tensorbridge_cuda::handoff_raw(&rig.tensor, consumer) }?),
             1 => drop(tensorbridge_cuda::handoff(&rig.tensor, &rig.b)?),
             2 => drop(tensorbridge_cuda::record_ready(&rig.tensor)?),
-            _ => drop(tbc::view::<f32>(&rig.tensor, &rig.b)?),
+            _ => {
+                tensorbridge_cuda::make_ready_on(rig.tensor.as_ref(), &rig.b)?;
+                tensorbridge_cuda::retire_on(&rig.b, rig.tensor.owner().clone());
+            }
         }
         Ok(())
     };
