@@ -172,11 +172,9 @@ fn the_scanner_finds_every_variant() {
             .unwrap_or_else(|| panic!("{crate_name}: {known} not found in {path}"));
         assert!(known.template.is_some(), "{crate_name}: {known:?}");
         assert!(
-            found
-                .iter()
-                .all(|v| v.template.is_some()
-                    || ["Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python"]
-                        .contains(&v.name.as_str())),
+            found.iter().all(|v| v.template.is_some()
+                || ["Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python"]
+                    .contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"
         );
     }

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream};
 use pyo3::prelude::*;
-use tensorbridge::{DeviceType, Owner, Stream, Tensor};
-use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs};
+use tensorbridge::{DeviceType, Owner, Stream, TensorRef};
+use tensorbridge_cuda::StreamLife;
+use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs, KernelTensor};
 
 use crate::TensorArg;
 use crate::error::{Error, Result};
-use crate::import::route::{self, Route};
+use crate::import::route;
 use crate::owner::KeepAlive;
 
 /// Whose stream a kernel call runs on.
@@ -30,11 +31,11 @@ pub enum StreamSource {
     Caller,
 }
 
-/// A framework stream found for an argument: where it is, what keeps it alive.
+/// A framework stream found for an argument: where it is, how long it lives.
 struct Found {
     source: StreamSource,
     stream: Stream,
-    keeper: Option<Owner>,
+    life: StreamLife,
 }
 
 /// The arguments of a kernel call and the stream to launch on, as [`kernel_call`] hands
@@ -42,10 +43,11 @@ struct Found {
 pub struct KernelCall<'s> {
     args: KernelArgs<'s>,
     source: StreamSource,
-    tensors: Vec<(*const (), Tensor)>,
+    /// Each argument (by address) and its tensor, borrowed for the call.
+    tensors: Vec<(*const (), TensorRef<'s>)>,
 }
 
-impl KernelCall<'_> {
+impl<'s> KernelCall<'s> {
     /// The stream to launch on (see [`kernel_call`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.args.stream()
@@ -56,30 +58,39 @@ impl KernelCall<'_> {
         self.source
     }
 
-    /// The position of `arg` among the call's arguments.
-    fn tensor(&self, arg: &TensorArg<'_, '_>) -> Result<(usize, &Tensor)> {
+    /// The position of `arg` among the call's arguments, and its tensor.
+    fn tensor(&self, arg: &TensorArg<'_, '_>) -> Result<(usize, TensorRef<'s>)> {
         let key = std::ptr::from_ref(arg).cast::<()>();
         self.tensors
             .iter()
             .enumerate()
             .find(|(_, (k, _))| *k == key)
-            .map(|(i, (_, t))| (i, t))
+            .map(|(i, (_, t))| (i, *t))
             .ok_or(Error::NotAnArgument)
     }
 
     /// A read-only view of `arg`, one of the call's arguments, for the kernel: the stream
     /// ordered after its producer on the GPU ([`KernelArgs::input`]).
-    pub fn input<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceView<'_, T>> {
+    pub fn input<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceView<'s, T>> {
         let (i, t) = self.tensor(arg)?;
-        Ok(self.args.input_at(i, t)?)
+        // SAFETY: KernelTensor::borrowed \[device-life\]: the call retires the pins of its
+        // arguments on this stream after `f` (one event), except those of the framework
+        // whose current stream this is, whose allocator orders reuse after its own work
+        // ([`kernel_call`], item 5).
+        Ok(self
+            .args
+            .input_at(i, unsafe { KernelTensor::borrowed(t) })?)
     }
 
     /// A writable view of `arg`, refused (`ValueError`) when it overlaps itself or another
     /// argument, and (`BufferError`) when it is read-only: an immutable producer's array (JAX,
     /// TensorFlow), a tensor that requires grad ([`KernelArgs::output`]).
-    pub fn output<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceViewMut<'_, T>> {
+    pub fn output<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceViewMut<'s, T>> {
         let (i, t) = self.tensor(arg)?;
-        Ok(self.args.output_at(i, t)?)
+        // SAFETY: as in `input`.
+        Ok(self
+            .args
+            .output_at(i, unsafe { KernelTensor::borrowed(t) })?)
     }
 
     /// Refuses, with [`Error::ShapeMismatch`], arguments whose shapes differ from the first's.
@@ -102,10 +113,17 @@ impl KernelCall<'_> {
         Ok(())
     }
 
-    /// The kernel `name` of `src`, compiled with NVRTC on first use and cached per context
-    /// ([`tensorbridge_cudarc::kernel`]); `RuntimeError` without libnvrtc.
-    pub fn kernel(&self, src: &'static str, name: &'static str) -> Result<CudaFunction> {
+    /// The kernel `name` of `src`, compiled with NVRTC for the device's own architecture on
+    /// first use and cached per context ([`tensorbridge_cudarc::kernel`]); `RuntimeError`
+    /// without libnvrtc.
+    pub fn kernel(&self, src: &str, name: &str) -> Result<CudaFunction> {
         Ok(tensorbridge_cudarc::kernel(self.stream(), src, name)?)
+    }
+
+    /// A kernel declared once (`static K: Kernel = Kernel::new(SRC, "name")`), its loaded
+    /// function kept in the value per context: no hashing of the source per call.
+    pub fn function(&self, kernel: &tensorbridge_cudarc::Kernel) -> Result<CudaFunction> {
+        Ok(kernel.function(self.stream())?)
     }
 }
 
@@ -161,8 +179,8 @@ pub fn kernel_call_on<R>(
     call(args, Some(chosen), f)
 }
 
-fn call<R>(
-    args: &[&TensorArg<'_, '_>],
+fn call<'a, R>(
+    args: &'a [&'a TensorArg<'_, '_>],
     chosen: Option<Found>,
     f: impl FnOnce(&KernelCall<'_>) -> Result<R>,
 ) -> Result<R> {
@@ -184,7 +202,8 @@ fn call<R>(
         .find(|a| a.descriptor().device().kind == DeviceType::Cuda)
         .or_else(|| args.first())
         .map_or(0, |a| a.descriptor().device().ordinal);
-    // Each argument's framework stream, where its framework has one.
+    // Each argument's framework stream, where its framework has one (one pass: PyTorch's was
+    // read by the import).
     let mut found: Vec<Found> = Vec::new();
     let mut owned_by: Vec<Option<Stream>> = Vec::with_capacity(args.len());
     for a in args {
@@ -196,32 +215,31 @@ fn call<R>(
             found.push(f);
         }
     }
-    let (source, stream, keeper) = match chosen {
-        Some(c) => (c.source, c.stream, c.keeper),
+    let chosen = match chosen {
+        Some(c) => c,
         None => {
             let i = found
                 .iter()
                 .position(|f| f.source == StreamSource::Torch)
                 .or_else(|| (!found.is_empty()).then_some(0));
             match i {
-                Some(i) => {
-                    let f = found.remove(i);
-                    (f.source, f.stream, f.keeper)
-                }
-                None => (StreamSource::LegacyDefault, Stream::LegacyDefault, None),
+                Some(i) => found.remove(i),
+                None => Found {
+                    source: StreamSource::LegacyDefault,
+                    stream: Stream::LegacyDefault,
+                    life: StreamLife::Immortal,
+                },
             }
         }
     };
+    let (source, stream) = (chosen.source, chosen.stream);
     found.retain(|f| f.stream != stream);
-    let tensors = args
+    let tensors: Vec<(*const (), TensorRef<'a>)> = args
         .iter()
-        .map(|a| {
-            a.to_tensor()
-                .map(|t| (std::ptr::from_ref(*a).cast::<()>(), t))
-        })
-        .collect::<Result<Vec<_>>>()?;
+        .map(|a| (std::ptr::from_ref(*a).cast::<()>(), a.as_ref()))
+        .collect();
     // The pins of arguments whose memory the call stream's framework does not order: kept
-    // until the kernel is done (one event for all).
+    // until the kernel is done (one event for all), also when `f` fails or panics.
     let kept: Vec<Owner> = args
         .iter()
         .zip(&owned_by)
@@ -229,6 +247,7 @@ fn call<R>(
         .map(|(a, _)| a.imported().owner(a.object()))
         .collect();
     let body = |s: &Arc<CudaStream>| -> Result<R> {
+        let _retire = Retire { stream: s, kept };
         let call = KernelCall {
             args: KernelArgs::new(s),
             source,
@@ -238,41 +257,52 @@ fn call<R>(
         if !found.is_empty() {
             let done = tensorbridge_cuda::CudaSignal::record(s)?;
             for other in &found {
-                // SAFETY: another framework's current stream, live now (a CuPy stream is
-                // held by its keeper in `found`; PyTorch's and the default streams always are).
+                // SAFETY: another framework's current stream, live now (asked during this
+                // call; a CuPy stream is held by its keeper in `found`).
                 unsafe { done.wait_on_raw(other.stream) }?;
             }
         }
-        if !kept.is_empty() {
-            tensorbridge_cuda::retire_on(s, Arc::new(kept));
-        }
         Ok(out)
     };
-    // SAFETY:
-    // 1. the stream is live now and as long as `keeper`: PyTorch's current streams are its
-    //    default stream or streams of its pools, which it never destroys (a stream made
-    //    current from outside, `torch.cuda.ExternalStream`, must outlive the work that uses
-    //    it, as PyTorch requires); CuPy's is kept alive by `keeper` (the Stream object); the
-    //    legacy default stream always is.
-    unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, keeper, body) }?
+    // SAFETY: the stream is live now and for as long as `life` says: PyTorch's default and
+    // pool streams are never destroyed (Immortal), a stream PyTorch did not make is lent for
+    // the call only (CallOnly: the closure runs on a stream of the layer, forked and joined),
+    // CuPy's is kept alive by its Stream object (KeptBy), the legacy default stream always
+    // is; a caller's stream as `caller_stream` says.
+    unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, chosen.life, body) }?
+}
+
+/// Retires a call's kept owners on its stream when the call's body ends, however it ends.
+struct Retire<'s> {
+    stream: &'s Arc<CudaStream>,
+    kept: Vec<Owner>,
+}
+
+impl Drop for Retire<'_> {
+    fn drop(&mut self) {
+        if !self.kept.is_empty() {
+            tensorbridge_cuda::retire_all_on(self.stream, std::mem::take(&mut self.kept));
+        }
+    }
 }
 
 /// The current stream of `arg`'s framework on device `ordinal`, when it has one: PyTorch's
 /// (read when the argument was imported), CuPy's (asked now).
 fn framework_stream(arg: &TensorArg<'_, '_>, ordinal: u32) -> Result<Option<Found>> {
-    let obj = arg.object();
-    let py = obj.py();
-    let facts = route::facts(obj)?;
-    if let Route::Torch(api) = facts.route {
-        let device_id = i32::try_from(ordinal).unwrap_or(0);
-        let stream = api.current_work_stream(obj, 2, device_id)?;
+    if let Some(current) = arg.imported().current {
         return Ok(Some(Found {
             source: StreamSource::Torch,
-            stream,
-            keeper: None,
+            stream: current.stream,
+            life: if current.immortal {
+                StreamLife::Immortal
+            } else {
+                StreamLife::CallOnly
+            },
         }));
     }
-    if facts.cupy {
+    let obj = arg.object();
+    let py = obj.py();
+    if route::facts(obj)?.cupy {
         let device_id = i32::try_from(ordinal).unwrap_or(0);
         let current = py
             .import(pyo3::intern!(py, "cupy.cuda"))?
@@ -283,52 +313,58 @@ fn framework_stream(arg: &TensorArg<'_, '_>, ordinal: u32) -> Result<Option<Foun
         return Ok(Some(Found {
             source: StreamSource::CuPy,
             stream,
-            keeper: Some(KeepAlive::owner(current.unbind(), None)),
+            life: StreamLife::KeptBy(KeepAlive::owner(current.unbind(), None)),
         }));
     }
     Ok(None)
 }
 
-/// The stream a caller chose for [`kernel_call_on`], and what keeps it alive.
+/// The stream a caller chose for [`kernel_call_on`], and how long it lives: a stream object
+/// that owns its stream (the CUDA stream protocol's, CuPy's) is held for as long as a clone
+/// of the wrapper lives; a `torch.cuda.Stream` is PyTorch's pool stream (never destroyed) or
+/// an external one (lent for the call only, as is a bare int).
 fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
     let py = stream.py();
-    let found = |handle: usize, keeper: Option<Owner>| Found {
+    let found = |handle: usize, life: StreamLife| Found {
         source: StreamSource::Caller,
         stream: tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(handle)),
-        keeper,
+        life,
     };
+    let kept = || StreamLife::KeptBy(KeepAlive::owner(stream.clone().unbind(), None));
+    if let Some(id) = crate::import::attribute(stream, pyo3::intern!(py, "stream_id"))? {
+        // A `torch.cuda.Stream`: its id is 0 for the default stream, odd for pool streams,
+        // the (even) handle itself for an external stream.
+        let id: i64 = id.extract()?;
+        let handle: usize = stream
+            .getattr(pyo3::intern!(py, "cuda_stream"))?
+            .extract()?;
+        let life = if id == 0 || id & 1 == 1 {
+            StreamLife::Immortal
+        } else {
+            StreamLife::CallOnly
+        };
+        return Ok(found(handle, life));
+    }
     // The CUDA stream protocol: `__cuda_stream__()` -> (version, handle).
     if let Some(method) = crate::import::attribute(stream, pyo3::intern!(py, "__cuda_stream__"))? {
         let (_, handle): (i64, usize) = method.call0()?.extract()?;
-        return Ok(found(
-            handle,
-            Some(KeepAlive::owner(stream.clone().unbind(), None)),
-        ));
+        return Ok(found(handle, kept()));
     }
-    for name in [pyo3::intern!(py, "cuda_stream"), pyo3::intern!(py, "ptr")] {
-        if let Some(handle) = crate::import::attribute(stream, name)? {
-            let handle: usize = handle.extract()?;
-            return Ok(found(
-                handle,
-                Some(KeepAlive::owner(stream.clone().unbind(), None)),
-            ));
-        }
+    if let Some(handle) = crate::import::attribute(stream, pyo3::intern!(py, "ptr"))? {
+        let handle: usize = handle.extract()?;
+        return Ok(found(handle, kept()));
     }
     let value = crate::convert::stream_from_py(Some(stream))?.unwrap_or(1);
     let request = tensorbridge::stream_from_wire(
         tensorbridge::StreamConvention::CudaArrayInterface,
         Some(value),
     )?;
-    match request {
-        tensorbridge::StreamRequest::Stream(s) => Ok(Found {
-            source: StreamSource::Caller,
-            stream: s,
-            keeper: None,
-        }),
-        tensorbridge::StreamRequest::NoSync => Ok(Found {
-            source: StreamSource::Caller,
-            stream: Stream::LegacyDefault,
-            keeper: None,
-        }),
-    }
+    Ok(Found {
+        source: StreamSource::Caller,
+        stream: match request {
+            tensorbridge::StreamRequest::Stream(s) => s,
+            tensorbridge::StreamRequest::NoSync => Stream::LegacyDefault,
+        },
+        life: StreamLife::CallOnly,
+    })
 }

@@ -158,5 +158,6 @@ pub(crate) fn imported(held: Arc<HeldBuffer>) -> Result<Imported> {
         desc,
         ready: Ready::Now,
         pin: Pin::Owner(held),
+        current: None,
     })
 }

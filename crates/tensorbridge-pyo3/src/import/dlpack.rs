@@ -45,6 +45,7 @@ pub(crate) fn from_capsule(
         desc: tensor.descriptor().clone(),
         ready: tensor.ready().clone(),
         pin: Pin::Owner(tensor.owner().clone()),
+        current: None,
     })
 }
 
@@ -155,6 +156,7 @@ pub(crate) fn from_exchange(
         desc: tensor.descriptor().clone(),
         ready: Ready::Now,
         pin: Pin::Owner(tensor.owner().clone()),
+        current: None,
     };
     if is_stream_ordered(imported.desc.device().kind) {
         let (device_type, device_id) = imported.desc.device().to_dlpack()?;

@@ -347,6 +347,7 @@ pub(crate) fn from_cai(
         desc,
         ready,
         pin: Pin::Caller,
+        current: None,
     })
 }
 
@@ -390,5 +391,6 @@ pub(crate) fn from_array_interface(
             Some(held) => Pin::Owner(held),
             None => Pin::Caller,
         },
+        current: None,
     })
 }

@@ -121,6 +121,17 @@ pub(crate) struct Imported {
     pub(crate) desc: Descriptor,
     pub(crate) ready: Ready,
     pub(crate) pin: Pin,
+    /// The producer framework's current stream when the import read it (PyTorch's, for CUDA
+    /// tensors): what a kernel call runs on, without asking again.
+    pub(crate) current: Option<Current>,
+}
+
+/// A framework's current stream, as an import found it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Current {
+    pub(crate) stream: Stream,
+    /// The framework never destroys it (PyTorch's default and pool streams).
+    pub(crate) immortal: bool,
 }
 
 impl Imported {
@@ -184,6 +195,7 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Result<Impor
                 desc: t.descriptor().clone(),
                 ready: t.ready().clone(),
                 pin: Pin::Owner(t.owner().clone()),
+                current: None,
             })
         }
         Route::Numpy => match buffer::ndarray(obj)? {

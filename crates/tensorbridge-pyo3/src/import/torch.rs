@@ -27,7 +27,7 @@ use tensorbridge::{Access, DTypeCode, Ready, Stream};
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::import::exchange::ExchangeApi;
-use crate::import::{Consumer, Imported, Pin, order_consumer};
+use crate::import::{Consumer, Current, Imported, Pin, order_consumer};
 
 /// How often the import starts over when the tensor is rebound under it.
 const ATTEMPTS: usize = 3;
@@ -96,14 +96,17 @@ pub(crate) fn import(
             desc,
             ready: Ready::Now,
             pin: Pin::Object(storage.unbind()),
+            current: None,
         };
         if matches!(
             imported.desc.device().kind,
             tensorbridge::DeviceType::Cuda | tensorbridge::DeviceType::CudaManaged
         ) {
             let (device_type, device_id) = imported.desc.device().to_dlpack()?;
-            let current = api.current_work_stream(obj, device_type, device_id)?;
-            imported.ready = readiness(py, current, device_id)?;
+            let stream = api.current_work_stream(obj, device_type, device_id)?;
+            let (ready, immortal) = readiness(py, stream, device_id)?;
+            imported.ready = ready;
+            imported.current = Some(Current { stream, immortal });
             order_consumer(&imported.desc, &imported.ready, consumer)?;
         }
         return Ok(Some(imported));
@@ -125,27 +128,29 @@ pub(crate) fn import(
 /// A consumer's stream is then made to wait for that on the GPU (by the caller): the readiness
 /// names `current` (or the event), never the consumer's stream, which only its caller keeps
 /// alive.
-fn readiness(py: Python<'_>, current: Stream, device_id: i32) -> Result<Ready> {
+///
+/// Also says whether PyTorch never destroys `current` (a kernel call lends it as it is then;
+/// otherwise only for the call).
+fn readiness(py: Python<'_>, current: Stream, device_id: i32) -> Result<(Ready, bool)> {
     let ordinal = u32::try_from(device_id).unwrap_or(0);
-    let ready = match current {
-        Stream::LegacyDefault => Ready::Stream(current),
-        Stream::PerThreadDefault => {
-            // SAFETY: the calling thread's per-thread stream, on the thread that uses it now.
-            let signal = unsafe { tensorbridge_cuda::CudaSignal::record_raw(ordinal, current) }?;
-            signal.into_ready()
-        }
+    let record = || -> Result<Ready> {
+        // SAFETY: PyTorch's current stream is live now (it is current), and the per-thread
+        // stream is the calling thread's, used on it now.
+        let signal = unsafe { tensorbridge_cuda::CudaSignal::record_raw(ordinal, current) }?;
+        Ok(signal.into_ready())
+    };
+    Ok(match current {
+        Stream::LegacyDefault => (Ready::Stream(current), true),
+        // Immortal, but thread-bound: an event says where the data is for other threads.
+        Stream::PerThreadDefault => (record()?, true),
         Stream::Handle(h) => {
             if immortal(py, h.get(), device_id)? {
-                Ready::Stream(current)
+                (Ready::Stream(current), true)
             } else {
-                // SAFETY: PyTorch's current stream is live now (it is current).
-                let signal =
-                    unsafe { tensorbridge_cuda::CudaSignal::record_raw(ordinal, current) }?;
-                signal.into_ready()
+                (record()?, false)
             }
         }
-    };
-    Ok(ready)
+    })
 }
 
 /// Stream handles PyTorch's current stream had that belong to its pools (never destroyed).
