@@ -59,3 +59,8 @@ fn dlpack_corpus() {
 fn own_export_corpus() {
     replay("own_export", fuzz::own_export);
 }
+
+#[test]
+fn array_interface_corpus() {
+    replay("array_interface", fuzz::array_interface);
+}

@@ -1,5 +1,7 @@
-//! cudarc (GPU, feature `gpu`): slice -> Tensor -> launch-argument view, and the stream
-//! hand-off itself, as the host sees them (the GPU-side wait is enqueued, never waited for).
+//! cudarc (GPU, feature `gpu`): slice -> Tensor -> launch-argument view, the stream hand-off
+//! itself, and a kernel call's host cost piece by piece (the cached kernel lookup, a call
+//! with borrowed arguments retired in one batch, a call-only stream's fork and join), as the
+//! host sees them (the GPU-side work is enqueued, never waited for).
 //!
 //! Needs an NVIDIA GPU and driver: without one it stops with a message saying so.
 
@@ -63,7 +65,6 @@ fn slice_to_view(c: &mut Criterion) {
     });
     group.finish();
     s.consumer.synchronize().expect("synchronize");
-    tensorbridge_cuda::reclaim();
 }
 
 fn handoff(c: &mut Criterion) {
@@ -112,5 +113,114 @@ fn handoff(c: &mut Criterion) {
     s.consumer.synchronize().expect("synchronize");
 }
 
-criterion_group!(benches, slice_to_view, handoff);
+/// The README's axpy, grid-stride.
+const AXPY: &str = r#"
+extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
+                                float* y, tb_layout ly, long long n) {
+    for (long long i = tb_index(); i < n; i += tb_stride())
+        y[tb_offset(ly, i)] += alpha * x[tb_offset(lx, i)];
+}"#;
+
+static AXPY_KERNEL: tbc::Kernel = tbc::Kernel::new(AXPY, "axpy");
+
+/// One axpy on `stream` through checked views of `x` and `y`, each borrowed or owned.
+fn axpy_call(
+    stream: &Arc<CudaStream>,
+    x: tbc::KernelTensor<'_>,
+    y: tbc::KernelTensor<'_>,
+    f: &cudarc::driver::CudaFunction,
+) {
+    use cudarc::driver::PushKernelArg;
+    let args = tbc::KernelArgs::new(stream);
+    let xv = args.input::<f32>(x).expect("input");
+    let mut yv = args.output::<f32>(y).expect("output");
+    let (lx, ly, n) = (
+        xv.layout().expect("layout"),
+        yv.layout().expect("layout"),
+        yv.numel(),
+    );
+    let alpha = 0.5f32;
+    // SAFETY: `axpy`'s signature is this argument list; it touches only the views' elements
+    // (grid-stride over `n`), on the views' stream.
+    unsafe {
+        stream
+            .launch_builder(f)
+            .arg(&alpha)
+            .arg(&xv)
+            .arg(&lx)
+            .arg(&mut yv)
+            .arg(&ly)
+            .arg(&(n as i64))
+            .launch(tbc::grid_stride(n))
+    }
+    .expect("launch");
+}
+
+fn kernel_call(c: &mut Criterion) {
+    let s = setup();
+    let stream = &s.consumer;
+    let x = tbc::import(stream.clone_htod(&vec![1.0f32; 1 << 16]).expect("upload")).expect("x");
+    let y = tbc::import(stream.clone_htod(&vec![0.0f32; 1 << 16]).expect("upload")).expect("y");
+    let f = tbc::kernel(stream, AXPY, "axpy").expect("compile");
+    let module = stream
+        .context()
+        .load_module(tbc::ptx(&format!("{}{AXPY}", tbc::KERNEL_LAYOUT_CUDA), "axpy").expect("ptx"))
+        .expect("module");
+    let mut group = c.benchmark_group("cudarc/kernel_call");
+    // The cached lookup by source (a hash of the source, a lock, a comparison).
+    group.bench_function("kernel_lookup", |b| {
+        b.iter(|| tbc::kernel(black_box(stream), AXPY, "axpy").expect("kernel"))
+    });
+    // A `static Kernel`: a lock and a comparison.
+    group.bench_function("static_kernel", |b| {
+        b.iter(|| AXPY_KERNEL.function(black_box(stream)).expect("kernel"))
+    });
+    // What every call paid before functions were cached: the context saved, then
+    // cuModuleGetFunction.
+    group.bench_function("module_get_function", |b| {
+        b.iter(|| {
+            let _keep = tensorbridge_cuda::ContextGuard::save().expect("save");
+            module.load_function(black_box("axpy")).expect("function")
+        })
+    });
+    // A whole call, owned arguments: two views, each retiring its owner (two events).
+    group.bench_function("call_owned", |b| {
+        b.iter(|| axpy_call(stream, (&x).into(), (&y).into(), &f))
+    });
+    // A whole call, borrowed arguments: two views with no owner, the owners retired with
+    // one event after the launch (what `kernel_call` does).
+    group.bench_function("call_borrowed", |b| {
+        b.iter(|| {
+            // SAFETY: both owners are retired on `stream` right after the launch.
+            let xa = unsafe { tbc::KernelTensor::borrowed(x.as_ref()) };
+            // SAFETY: as above.
+            let ya = unsafe { tbc::KernelTensor::borrowed(y.as_ref()) };
+            axpy_call(stream, xa, ya, &f);
+            tensorbridge_cuda::retire_all_on(stream, [x.owner().clone(), y.owner().clone()]);
+        })
+    });
+    // The borrowed stream around a call: lent as it is (immortal), or forked and joined
+    // (call-only: two event records and two waits more).
+    let name = tensorbridge_cuda::stream_of(stream);
+    for (label, call_only) in [("stream_immortal", false), ("stream_call_only", true)] {
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                let life = if call_only {
+                    tensorbridge_cuda::StreamLife::CallOnly
+                } else {
+                    tensorbridge_cuda::StreamLife::Immortal
+                };
+                // SAFETY: `stream` lives for the whole bench, past every clone.
+                unsafe {
+                    tensorbridge_cuda::with_stream_raw(0, name, life, |s| black_box(s.cu_stream()))
+                }
+                .expect("with_stream_raw")
+            })
+        });
+    }
+    group.finish();
+    stream.synchronize().expect("synchronize");
+}
+
+criterion_group!(benches, slice_to_view, handoff, kernel_call);
 criterion_main!(benches);

@@ -197,10 +197,11 @@ def main():
 
 
 def three_tensor_rows(torch, n=1 << 16):
-    """A PyO3 function of tensorbridge-example taking three torch CUDA tensors as
-    `AnyTensor` (`nop3`), next to tvm-ffi's `testing.nop` with the same three and dlpark 0.10's
-    own import of them (`dlpark_nop3`); each net of its own empty call (`empty()`,
-    `testing.nop()`), all timed alternately in blocks."""
+    """A PyO3 function of tensorbridge-example taking three torch CUDA tensors borrowed for
+    the call (`TensorArg`, `nop3`) and owned (`AnyTensor`, `nop3_owned`), next to tvm-ffi's
+    `testing.nop` with the same three and dlpark 0.10's own import of them (`dlpark_nop3`);
+    each net of its own empty call (`empty()`, `testing.nop()`), all timed alternately in
+    blocks."""
     try:
         import tensorbridge_example as ext
     except ImportError as e:
@@ -210,6 +211,7 @@ def three_tensor_rows(torch, n=1 << 16):
     x, y, z = (torch.full((n,), float(i + 1), device="cuda") for i in range(3))
     assert ext.nop3(x, y, z) == 3 * n
     paths = {"tensorbridge nop3(x, y, z)": lambda: ext.nop3(x, y, z),
+             "tensorbridge nop3_owned(x, y, z)": lambda: ext.nop3_owned(x, y, z),
              "tensorbridge empty()": ext.empty,
              "dlpark dlpark_nop3(x, y, z)": lambda: ext.dlpark_nop3(x, y, z)}
     try:
@@ -230,6 +232,7 @@ def three_tensor_rows(torch, n=1 << 16):
         print(f"| {label} | {ns / 1e3:.3f} µs |")
         rows.append({"path": f"three: {label}", "ours_ns": ns})
     ours = medians["tensorbridge nop3(x, y, z)"] - medians["tensorbridge empty()"]
+    owned = medians["tensorbridge nop3_owned(x, y, z)"] - medians["tensorbridge empty()"]
     dlpark = medians["dlpark dlpark_nop3(x, y, z)"] - medians["tensorbridge empty()"]
     print()
     print("| path | tensorbridge | peer | ratio | target |")
@@ -238,6 +241,8 @@ def three_tensor_rows(torch, n=1 << 16):
         tvm = medians["tvm-ffi testing.nop(x, y, z)"] - medians["tvm-ffi testing.nop()"]
         record("three torch CUDA tensors, net of an empty call", ours,
                "tvm-ffi testing.nop, net", tvm, target=1.0)
+        record("three torch CUDA tensors, owned (AnyTensor), net", owned,
+               "tvm-ffi testing.nop, net", tvm, note="(informational)")
     record("three torch CUDA tensors, net of an empty call", ours,
            "dlpark 0.10 import, net", dlpark, note="(informational)")
 
@@ -340,14 +345,59 @@ def stream_rows(cp, torch):
         pass
 
 
+CPP_AXPY = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+
+__global__ void axpy_kernel(float a, const float* x, float* y, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+
+void axpy(double alpha, torch::Tensor x, torch::Tensor y) {
+    long long n = y.numel();
+    if (n == 0) return;
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    axpy_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+        (float)alpha, x.data_ptr<float>(), y.data_ptr<float>(), n);
+}
+"""
+
+
+def cpp_extension():
+    """The same axpy as a PyTorch C++/CUDA extension, built here with ``load_inline`` (nvcc and
+    ninja on the GPU machine): what a kernel author writes with PyTorch's own tools, the
+    per-call baseline of issue 27. ``None`` (and why) when it cannot be built."""
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        build = os.path.join(os.environ.get("OUT", "."), "cpp_ext_build")
+        os.makedirs(build, exist_ok=True)
+        major, minor = __import__("torch").cuda.get_device_capability()
+        mod = load_inline(
+            name="tb_bench_axpy",
+            cpp_sources="void axpy(double alpha, torch::Tensor x, torch::Tensor y);",
+            cuda_sources=CPP_AXPY,
+            functions=["axpy"],
+            build_directory=build,
+            extra_cuda_cflags=["-O2", f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"],
+            verbose=False,
+        )
+        return mod, None
+    except Exception as e:  # no nvcc, no ninja: the row says so
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
 def kernel_rows(torch, n=1 << 16):
     """Host time of one ``axpy(alpha, x, y)`` (y += alpha * x in place, our own NVRTC kernel
-    on torch's current stream: two imports through the DLPack C exchange API, the stream
-    borrowed, checked views, the launch), next to the same kernel launched through cudarc on
-    pointers extracted beforehand (``axpy_ptr``: the floor, no import, no check, no ordering)
-    and next to tvm-ffi passing the same three arguments to a function that does nothing
-    (``testing.nop``: the cost of its argument conversion alone). The GPU work is tiny and
-    the queue is drained between blocks so launches never back up."""
+    on torch's current stream: two borrowed imports, the stream borrowed, checked views, the
+    launch), next to the same kernel as a PyTorch C++/CUDA extension built in this run
+    (``load_inline``, ``getCurrentCUDAStream``, ``<<<>>>``: the baseline), torch's own
+    ``y.add_(x, alpha=...)``, the same NVRTC kernel launched through cudarc on pointers
+    extracted beforehand (``axpy_ptr``: no import, no check, no ordering) and tvm-ffi passing
+    the same three arguments to a function that does nothing (``testing.nop``). All timed
+    alternately in blocks; the GPU work is tiny and the queue is drained every 1000 calls so
+    launches never back up."""
     try:
         import tensorbridge_example as ext
     except ImportError as e:
@@ -370,19 +420,16 @@ def kernel_rows(torch, n=1 << 16):
                 torch.cuda.synchronize()
         return call
 
-    print("| kernel call (host time, median) | time | vs floor |")
-    print("|---|---:|---:|")
-    results = {}
-    for label, fn in (
-        ("cudarc on pre-extracted pointers (axpy_ptr, floor)",
-         lambda: ext.axpy_ptr(1.0, xp, yp, n, 0)),
-        ("tensorbridge axpy(alpha, x, y)", lambda: ext.axpy(1.0, x, y)),
-    ):
-        try:
-            results[label] = median_ns(drained(fn), calls=CALLS // 4, warmup=WARMUP // 4)
-        except Exception as e:  # reported, never hidden
-            results[label] = None
-            print(f"| {label} | error: {type(e).__name__}: {e} | |")
+    paths = {}
+    cpp, why = cpp_extension()
+    if cpp is not None:
+        cpp.axpy(1.0, x, y)
+        paths["PyTorch C++/CUDA extension (load_inline)"] = lambda: cpp.axpy(1.0, x, y)
+    else:
+        print(f"| PyTorch C++/CUDA extension | not built: {why} | |")
+    paths["tensorbridge axpy(alpha, x, y)"] = lambda: ext.axpy(1.0, x, y)
+    paths["torch y.add_(x, alpha=1.0)"] = lambda: y.add_(x, alpha=1.0)
+    paths["cudarc on pre-extracted pointers (axpy_ptr)"] = lambda: ext.axpy_ptr(1.0, xp, yp, n, 0)
     try:
         import tvm_ffi
         try:
@@ -390,18 +437,29 @@ def kernel_rows(torch, n=1 << 16):
         except ImportError:
             pass
         nop = tvm_ffi.get_global_func("testing.nop")
-        results["tvm-ffi testing.nop(alpha, x, y)"] = median_ns(
-            lambda: nop(1.0, x, y), calls=CALLS // 4, warmup=WARMUP // 4)
+        paths["tvm-ffi testing.nop(alpha, x, y)"] = lambda: nop(1.0, x, y)
     except Exception as e:  # not installed, or no testing.nop in this build
         print(f"| tvm-ffi | skipped: {type(e).__name__}: {e} | |")
-    floor = results.get("cudarc on pre-extracted pointers (axpy_ptr, floor)")
-    for label, ns in results.items():
-        if ns is None:
-            continue
-        ratio = ns / floor if floor else float("nan")
+    labels = list(paths)
+    medians = {}
+    try:
+        for label, ns in zip(labels, paired_ns([drained(paths[k]) for k in labels],
+                                               calls=CALLS // 2, warmup=WARMUP // 4)):
+            medians[label] = ns
+    except Exception as e:  # reported, never hidden
+        print(f"| kernel call | error: {type(e).__name__}: {e} | |")
+        rows.append({"path": "kernel call", "error": f"{type(e).__name__}: {e}"})
+        return
+    base_label = "PyTorch C++/CUDA extension (load_inline)"
+    base = medians.get(base_label)
+    print("| kernel call (host time, median, batches of 50) | time | vs C++ extension |")
+    print("|---|---:|---:|")
+    for label, ns in medians.items():
+        ratio = ns / base if base else float("nan")
         print(f"| {label} | {ns / 1e3:.2f} µs | {ratio:.2f}x |")
-        rows.append({"path": f"kernel: {label}", "ours_ns": ns, "floor_ns": floor,
-                     "ratio": ratio})
+        rows.append({"path": f"kernel: {label}", "ours_ns": ns, "peer": base_label,
+                     "peer_ns": base, "ratio": ratio,
+                     "target": 1.0 if label.startswith("tensorbridge") else None})
     torch.cuda.synchronize()
     assert bool(torch.all(y > 0)), "axpy did not write"
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tensorbridge::{Access, Descriptor, Device, DeviceType, Packing, RawTensor, Tensor};
 use tensorbridge_cai::{
-    ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, ImportOptions,
-    TypeStr,
+    ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, DescrField,
+    DescrFormat, ImportOptions, TypeStr,
 };
 use tensorbridge_dlpack::dlpark::ManagedTensorBase;
 use tensorbridge_dlpack::ffi::{
@@ -261,6 +261,168 @@ pub fn cai(data: &[u8]) {
         let exported = ArrayInterface::export(&tensor).expect("a validated interface exports");
         let again = exported.import(&options).expect("our export validates");
         assert_same_interface(again.descriptor(), tensor.descriptor());
+    }
+}
+
+/// How deep [`descr_fields`] nests: far past anything the interfaces accept (only the default
+/// one-field form), shallow enough that the harness's own recursion is harmless. Deeper (and
+/// cyclic) `descr` lists are the Python layer's to refuse while parsing.
+const DESCR_DEPTH: u32 = 6;
+
+/// A `descr` list as a dict can spell it: up to three fields, names from NumPy's forms,
+/// typestr or nested formats, optional sub-array shapes.
+fn descr_fields(b: &mut Bytes<'_>, depth: u32) -> Vec<DescrField> {
+    let n = usize::from(b.u8() % 4);
+    (0..n)
+        .map(|_| {
+            let name = ["", "x", "f0", "\u{e9}"][usize::from(b.u8() % 4)].to_owned();
+            let format = if depth < DESCR_DEPTH && b.u8().is_multiple_of(3) {
+                DescrFormat::Fields(descr_fields(b, depth + 1))
+            } else {
+                DescrFormat::TypeStr(
+                    typestr(b).unwrap_or(TypeStr::from_str("|u1").expect("a typestr")),
+                )
+            };
+            let shape = b.u8().is_multiple_of(8).then(|| {
+                let rank = usize::from(b.u8() % 3);
+                b.dims(rank)
+            });
+            DescrField {
+                name,
+                format,
+                shape,
+            }
+        })
+        .collect()
+}
+
+/// Byte strides, mostly whole (and negative) multiples of `itemsize`, sometimes anything.
+fn byte_strides(b: &mut Bytes<'_>, ndim: usize, itemsize: i64) -> Vec<i64> {
+    (0..ndim)
+        .map(|_| match b.u8() % 4 {
+            0 => b.dim(),
+            _ => i64::from(b.u8() as i8 % 17).saturating_mul(itemsize),
+        })
+        .collect()
+}
+
+/// Target `array_interface`: what the Python layer's dict parsing hands the CAI adapter.
+/// A typestr, a shape, byte strides, a `descr` nested up to [`DESCR_DEPTH`] levels, an
+/// `offset`, and `data` as a buffer region (the form a buffer-protocol exporter's memory
+/// takes, readonly or not) or a pointer, through `ArrayInterface::import`, and the same
+/// layout and `descr` through `CudaArrayInterface::import`. What is accepted:
+/// - lies inside the buffer region, every byte (the [span] invariant the Python layer
+///   relies on once it passes the exporter's real extent);
+/// - is read-only when the buffer or pointer says so ([access]);
+/// - had no `descr`, or exactly the typestr's default `[('', typestr)]`.
+///
+/// Every refusal's message formats (a nested `descr` is printed in it).
+pub fn array_interface(data: &[u8]) {
+    let mut b = Bytes(data);
+    let Some(typestr) = typestr(&mut b) else {
+        return;
+    };
+    let itemsize = i64::try_from(typestr.size.unwrap_or(1)).unwrap_or(1).max(1);
+    let ndim = usize::from(b.u8() % 5);
+    let shape = b.dims(ndim);
+    let strides = b.bool().then(|| byte_strides(&mut b, ndim, itemsize));
+    let descr = match b.u8() % 4 {
+        0 | 1 => None,
+        2 => Some(typestr.default_descr()),
+        _ => Some(descr_fields(&mut b, 0)),
+    };
+    let offset = match b.u8() % 4 {
+        0 => b.i64(),
+        _ => i64::from(b.u8() as i8).saturating_mul(if b.bool() { itemsize } else { 1 }),
+    };
+    let readonly = b.bool();
+    let data = if b.u8().is_multiple_of(4) {
+        ArrayData::Pointer(DataPointer {
+            address: b.address(),
+            readonly,
+        })
+    } else {
+        ArrayData::Buffer(BufferRegion {
+            address: b.address(),
+            len: usize::from(b.u16() % 4096),
+            readonly,
+        })
+    };
+    let mask = b.u8().is_multiple_of(16);
+    let version = i64::from(b.u8() % 5);
+    let options = ImportOptions::default();
+    let default_descr =
+        |d: &Option<Vec<DescrField>>| d.as_ref().is_none_or(|d| *d == typestr.default_descr());
+
+    let ai = ArrayInterface {
+        shape: shape.clone(),
+        typestr,
+        data,
+        strides: strides.clone(),
+        descr: descr.clone(),
+        mask,
+        offset,
+        version,
+    };
+    match ai.import(&options) {
+        Ok(imported) => {
+            let desc = imported.descriptor();
+            assert!(
+                default_descr(&descr),
+                "a structured descr was accepted: {descr:?}"
+            );
+            assert!(!mask, "a masked interface was accepted");
+            if readonly {
+                assert_eq!(
+                    desc.access(),
+                    Access::ReadOnly,
+                    "a read-only {data:?} became writable"
+                );
+            }
+            if let ArrayData::Buffer(region) = data {
+                let span = desc.byte_span();
+                let buffer = region.address..region.address.saturating_add(region.len);
+                assert!(
+                    span.is_empty() || (buffer.start <= span.start && span.end <= buffer.end),
+                    "span {span:x?} outside the buffer {buffer:x?}"
+                );
+            }
+            check_revalidates(desc);
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+
+    let cai = CudaArrayInterface {
+        shape,
+        typestr,
+        data: DataPointer {
+            address: match data {
+                ArrayData::Pointer(p) => p.address,
+                ArrayData::Buffer(r) => r.address,
+            },
+            readonly,
+        },
+        strides,
+        descr: descr.clone(),
+        mask,
+        version,
+        stream: None,
+    };
+    match cai.import(Device::cuda(0), &options) {
+        Ok(imported) => {
+            assert!(
+                default_descr(&descr),
+                "a structured descr was accepted: {descr:?}"
+            );
+            if readonly {
+                assert_eq!(imported.descriptor().access(), Access::ReadOnly);
+            }
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
     }
 }
 

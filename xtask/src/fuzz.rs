@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{Steps, cargo, root, run_status};
 
 /// The targets, as named in `fuzz/Cargo.toml`.
-pub(crate) const TARGETS: &[&str] = &["validate", "cai", "dlpack", "own_export"];
+pub(crate) const TARGETS: &[&str] = &["validate", "cai", "dlpack", "own_export", "array_interface"];
 
 /// Seconds per target when `--time` is not given.
 const DEFAULT_SECS: u64 = 60;

@@ -53,7 +53,7 @@ tasks:
       every Python framework in the managed environment (.venv, made when missing; the
       wheel built and installed), on the GPU when there is one; each prints a table of what
       was shared zero-copy (pointer and write checked) and the time per conversion.
-  fuzz [--time SECS] [validate|cai|dlpack|own_export ...]
+  fuzz [--time SECS] [validate|cai|dlpack|own_export|array_interface ...]
       Run the libFuzzer targets of fuzz/ (cargo-fuzz on nightly, both installed when
       missing), each SECS seconds (default 60), growing fuzz/corpus/<target>; print the
       executions. A crash fails the task; its input lands in fuzz/artifacts/<target>/ and,

@@ -17,6 +17,9 @@ use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 /// The test binaries of the GPU suite: (package, the feature that compiles them).
 const GPU_TESTS: &[(&str, &str)] = &[
     ("tensorbridge-integration", "gpu-tests"),
+    // The CUDA layer's own suite (`cuda_gpu`): hand-off, capture, contexts, pointers,
+    // copies, the reaper, borrowed streams, first calls (it re-runs its own binary).
+    ("tensorbridge-cuda", "gpu-tests"),
     ("tensorbridge-cudarc", "gpu-tests"),
     // Links libtorch: built with the managed venv's (`LIBTORCH`); on the GPU machine its
     // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
@@ -340,6 +343,7 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
     for script in [
         "benches/python/compare.py",
         "benches/python/breakdown.py",
+        "benches/python/ipc.py",
         "benches/plot_copy_vs_share.py",
     ] {
         let from = root().join(script);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
-# groups (CPU and GPU) pinned to one core, copy_vs_share, and the Python comparison.
+# groups (CPU and GPU) pinned to one core, copy_vs_share, the Python comparison, and a GPU
+# tensor handed to another process (tensorbridge vs torch.multiprocessing vs a pinned copy).
 # Written by `cargo xtask test-gpu --bundle` from xtask/templates/bench.sh.
 # Usage: ./bench.sh [CRITERION ARGS...]; libpath.sh says how libraries are found.
 # TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
@@ -33,3 +34,5 @@ if [ ! -d "$here/py" ]; then
     "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example
 fi
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/compare.py"
+echo "==> sharing with another process (ipc.py)"
+OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/ipc.py"

@@ -82,6 +82,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod callback;
 mod device;
 mod dtype;
 mod error;

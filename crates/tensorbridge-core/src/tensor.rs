@@ -802,6 +802,14 @@ impl<'a> TensorRef<'a> {
     }
 }
 
+impl<'a> From<&'a Tensor> for TensorRef<'a> {
+    /// [`Tensor::as_ref`]: so that functions taking `impl Into<TensorRef<'a>>` accept both.
+    #[inline]
+    fn from(tensor: &'a Tensor) -> TensorRef<'a> {
+        tensor.as_ref()
+    }
+}
+
 impl Deref for TensorRef<'_> {
     type Target = Descriptor;
 

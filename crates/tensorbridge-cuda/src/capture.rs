@@ -1,5 +1,6 @@
-//! CUDA graph capture: whether a stream is being captured, keeping objects alive as long as a
-//! captured graph, and driver queries that must not disturb another thread's capture.
+//! CUDA graph capture: whether a stream is being captured, the rules a hand-off follows
+//! across a capture's boundary ([`plan_wait`], pure), keeping objects alive as long as a
+//! captured graph.
 //!
 //! While a stream is captured (`torch.cuda.graph`, `cudaStreamBeginCapture`), work enqueued
 //! on it is recorded into a graph instead of running. The rules the hand-off follows:
@@ -11,52 +12,25 @@
 //!   is destroyed, so the record it waits for is the producer's work at capture time.
 //! - A stream outside the capture may not wait on an event recorded inside it, and the legacy
 //!   default stream may not be used while a stream it synchronises with is captured: such
-//!   hand-offs are refused with an error instead of invalidating the capture.
+//!   hand-offs are refused with an error instead of invalidating the capture. The one
+//!   exception is CUDA's fork pattern: a stream outside any capture that explicitly joins a
+//!   capturing stream ([`join`](crate::join)) becomes part of the capture.
 //! - Owners that must outlive the device's use of memory live as long as the graph (a CUDA
 //!   user object retained by the graph under capture), not until an event that never runs.
-//! - Event queries (in [`reclaim`](crate::reclaim)) run in the relaxed capture mode, which a
-//!   capture in global mode on another thread does not forbid.
+//! - Event queries and host waits run in the relaxed capture mode, which a capture in global
+//!   mode on another thread does not forbid.
 
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 
-use crate::Error;
-
-/// What a stream is doing with respect to graph capture.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CaptureStatus {
-    /// Not being captured: work runs.
-    None,
-    /// Being captured into a graph; `id` is unique per capture sequence in the process.
-    Active {
-        /// The capture sequence's id (`cuStreamGetCaptureInfo`).
-        id: u64,
-    },
-    /// Its capture was invalidated by an illegal call; ending it will fail.
-    Invalidated,
-    /// The legacy default stream while a stream that synchronises with it is being captured:
-    /// any work on it would invalidate that capture.
-    Implicit,
-}
-
-impl std::fmt::Display for CaptureStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CaptureStatus::None => f.write_str("not being captured"),
-            CaptureStatus::Active { id } => {
-                write!(f, "being captured into a CUDA graph (capture {id})")
-            }
-            CaptureStatus::Invalidated => f.write_str("in an invalidated CUDA graph capture"),
-            CaptureStatus::Implicit => {
-                f.write_str("the legacy default stream during a CUDA graph capture")
-            }
-        }
-    }
-}
+use crate::context::bind;
+use crate::error::Error;
+use crate::raw;
+use crate::release::InFlight;
+use crate::types::CaptureStatus;
 
 /// A capture sequence's id and the graph it is building.
 #[derive(Clone, Copy, Debug)]
@@ -93,20 +67,74 @@ impl Capture {
     }
 }
 
+/// Whether a stream outside any capture may join a capture by waiting on a captured stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fork {
+    /// Explicit stream-to-stream joins ([`join`](crate::join), [`join_raw`](crate::join_raw)):
+    /// CUDA's fork pattern.
+    Allowed,
+    /// Tensor hand-offs: data made inside a capture, used outside it, is refused.
+    Refused,
+}
+
+/// How a consumer stream waits for a producer's work, once the capture rules are applied.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WaitPlan {
+    /// `cuStreamWaitEvent` with the default flags on an event of the producer: outside any
+    /// capture, inside one capture (a graph edge), or a stream joining a capture (the fork).
+    Wait,
+    /// The consumer is being captured and the producer is not: a wait with
+    /// `CU_EVENT_WAIT_EXTERNAL` on an event recorded now, kept alive with the consumer's
+    /// graph (never re-recorded while the graph may replay).
+    WaitExternal(Active),
+}
+
+/// The capture rules of the crate docs, one arm per rule: how `consumer` waits for work
+/// `producer` enqueued (or recorded, for a signal), or why it must not. Pure: table-tested
+/// without a GPU. Same-stream hand-offs are decided before this (nothing to wait for).
+///
+/// `consumer_is_legacy` says the consumer is the legacy default stream, which may never join
+/// a capture by forking (it synchronises with every blocking stream).
+pub(crate) fn plan_wait(
+    producer: CaptureStatus,
+    consumer: Capture,
+    fork: Fork,
+    consumer_is_legacy: bool,
+) -> Result<WaitPlan, Error> {
+    use CaptureStatus as P;
+    match (producer, consumer) {
+        // The legacy stream while a stream it synchronises with is captured: any use
+        // invalidates that capture.
+        (P::Implicit, _) | (_, Capture::Implicit) => Err(Error::LegacyDuringCapture),
+        // One capture: the wait becomes a graph edge.
+        (P::Active { id }, Capture::Active(c)) if id == c.id => Ok(WaitPlan::Wait),
+        // A stream outside any capture waiting on a captured stream joins the capture (the
+        // fork of CUDA's cross-stream capture); it must be joined back before the capture
+        // ends. Only for explicit stream-to-stream joins, and never the legacy stream.
+        (P::Active { .. }, Capture::None) if fork == Fork::Allowed && !consumer_is_legacy => {
+            Ok(WaitPlan::Wait)
+        }
+        // Work recorded in a capture runs at the graph's replays: nothing outside that
+        // capture can wait for it now.
+        (P::Active { .. }, _) => Err(Error::CaptureMismatch {
+            producer,
+            consumer: consumer.status(),
+        }),
+        // The producer's work as of now, waited for by the graph at every replay.
+        (_, Capture::Active(c)) => Ok(WaitPlan::WaitExternal(c)),
+        // Neither is captured (an invalidated capture fails at its end, whatever we do).
+        _ => Ok(WaitPlan::Wait),
+    }
+}
+
 /// The driver's version as `cuDriverGetVersion` reports it (12030 for CUDA 12.3); 0 when it
 /// cannot say.
 fn driver_version() -> i32 {
     static VERSION: OnceLock<i32> = OnceLock::new();
     *VERSION.get_or_init(|| {
-        let mut v = 0;
         // SAFETY: libcuda is loaded (callers run after `ensure_driver` or hold a cudarc
-        // object); the driver writes one int through a pointer to a live local.
-        let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
-        if rc == sys::CUresult::CUDA_SUCCESS {
-            v
-        } else {
-            0
-        }
+        // object).
+        unsafe { raw::driver_version() }.unwrap_or(0)
     })
 }
 
@@ -125,55 +153,40 @@ fn has_capture_info_v3() -> bool {
 ///    the handle of a stream that has not been destroyed), and a context is current.
 pub(crate) unsafe fn capture_of(stream: sys::CUstream) -> Result<Capture, Error> {
     use sys::CUstreamCaptureStatus as S;
-    // Read as a plain integer: a value outside the enum (a newer driver's) must not become
-    // an invalid Rust enum.
-    let mut status: u32 = u32::MAX;
-    let status_out = (&raw mut status).cast::<sys::CUstreamCaptureStatus>();
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    let mut id: sys::cuuint64_t = 0;
-    let rc = if has_capture_info_v3() {
-        // SAFETY: `stream` is live and a context current (obligation 1); the driver writes
-        // the status, id and graph through pointers to live locals, and is told (nulls) not
-        // to return the dependency arrays.
-        unsafe {
-            sys::cuStreamGetCaptureInfo_v3(
-                stream,
-                status_out,
-                &mut id,
-                &mut graph,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
+    let info = if has_capture_info_v3() {
+        // SAFETY: libcuda is loaded (a context is current) and has the entry point (checked
+        // just above); `stream` is live and a context current (obligation 1).
+        unsafe { raw::stream::capture_info(stream) }
     } else {
-        // SAFETY: as above, for the status alone.
-        unsafe { sys::cuStreamIsCapturing(stream, status_out) }
+        // SAFETY: as above, for the old entry point.
+        unsafe { raw::stream::is_capturing(stream) }
     };
-    match rc {
-        sys::CUresult::CUDA_SUCCESS => {}
+    let info = match info {
+        Ok(info) => info,
         // The legacy stream while a blocking stream is being captured.
-        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => return Ok(Capture::Implicit),
-        result => {
-            return Err(Error::Driver {
-                call: "cuStreamGetCaptureInfo",
-                result,
-            });
-        }
-    }
+        Err(Error::Driver {
+            result: sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+            ..
+        }) => return Ok(Capture::Implicit),
+        Err(e) => return Err(e),
+    };
     // The old entry point names no graph (null): `keep_with_graph` then leaks instead.
-    Ok(match status {
+    Ok(match info.status {
         s if s == S::CU_STREAM_CAPTURE_STATUS_NONE as u32 => Capture::None,
-        s if s == S::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32 => {
-            Capture::Active(Active { id, graph })
-        }
+        s if s == S::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32 => Capture::Active(Active {
+            id: info.id,
+            graph: info.graph,
+        }),
         _ => Capture::Invalidated,
     })
 }
 
 /// Objects whose graph was destroyed: the driver's destructor callback may not call CUDA, so
-/// it only moves them here, and [`drain_released`] drops them on an ordinary thread.
+/// it only moves them here and wakes the thread that drops them ([`start_dropper`]).
 static RELEASED: Mutex<Vec<Box<dyn Any + Send>>> = Mutex::new(Vec::new());
+
+/// Signalled when [`RELEASED`] gains objects.
+static RELEASED_MORE: Condvar = Condvar::new();
 
 /// The user object's destructor (called by the driver, on a thread of its own, once the
 /// graph and every executable graph made from it are destroyed and their launches done).
@@ -190,41 +203,65 @@ unsafe extern "C" fn release_with_graph(data: *mut c_void) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(*kept);
+    RELEASED_MORE.notify_one();
+}
+
+/// Starts, once, the thread that drops the objects of destroyed graphs soon after the driver
+/// hands them back (asleep otherwise). If the system refuses the thread,
+/// [`reclaim`](crate::reclaim) drops them instead.
+fn start_dropper() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("tensorbridge-graph-release".into())
+            .spawn(|| {
+                loop {
+                    let (released, in_flight) = {
+                        let mut list = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
+                        while list.is_empty() {
+                            list = RELEASED_MORE
+                                .wait(list)
+                                .unwrap_or_else(PoisonError::into_inner);
+                        }
+                        (std::mem::take(&mut *list), InFlight::start())
+                    };
+                    // Dropped with no lock held: they may call CUDA or Python.
+                    drop(released);
+                    drop(in_flight);
+                }
+            });
+    });
 }
 
 /// Keeps `object` alive until `capture`'s graph, and every executable graph instantiated from
-/// it, has been destroyed and their launches have finished; then [`reclaim`](crate::reclaim)
-/// drops it. Without a graph handle (drivers older than CUDA 12.3) the object is leaked:
-/// never dropped early.
+/// it, has been destroyed and their launches have finished; then a thread of this crate drops
+/// it. Without a graph handle (drivers older than CUDA 12.3) the object is leaked: never
+/// dropped early.
 pub(crate) fn keep_with_graph(capture: Active, object: Box<dyn Any + Send>) {
     if capture.graph.is_null() {
         std::mem::forget(object);
         return;
     }
+    start_dropper();
     let data = Box::into_raw(Box::new(object));
-    let mut user: sys::CUuserObject = std::ptr::null_mut();
-    let flags = sys::CUuserObject_flags_enum::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
-    // SAFETY: libcuda is loaded; the driver writes the handle through a pointer to a live
-    // local; `data` stays valid until the destructor, which takes it back exactly once.
-    let created = unsafe {
-        sys::cuUserObjectCreate(&mut user, data.cast(), Some(release_with_graph), 1, flags)
-    };
-    if created != sys::CUresult::CUDA_SUCCESS {
+    // SAFETY: libcuda is loaded (a capture was read from the driver); `release_with_graph`
+    // takes `data` back exactly once and calls no CUDA function.
+    let Ok(user) = (unsafe { raw::graph::user_object_create(data.cast(), release_with_graph) })
+    else {
         // Nothing holds `data`: leak the object rather than free memory the graph may use.
         return;
-    }
-    let moved = sys::CUuserObjectRetain_flags_enum::CU_GRAPH_USER_OBJECT_MOVE as u32;
+    };
     // SAFETY: `capture.graph` is the graph of a capture in progress (read just before, on
     // this thread, from a stream the caller holds); the user object's one reference moves to
     // it.
-    let retained = unsafe { sys::cuGraphRetainUserObject(capture.graph, user, 1, moved) };
-    if retained != sys::CUresult::CUDA_SUCCESS {
+    if unsafe { raw::graph::retain_user_object_move(capture.graph, user) }.is_err() {
         // Our reference was not moved, and the caller's work may already be recorded in the
         // graph: keep the reference (and so the object) forever rather than free early.
     }
 }
 
-/// Drops the objects whose graphs are gone (see [`keep_with_graph`]); returns how many.
+/// Drops, from the calling thread, the objects whose graphs are gone that the dropping thread
+/// has not taken yet (see [`keep_with_graph`]); returns how many.
 pub(crate) fn drain_released() -> usize {
     let released = std::mem::take(&mut *RELEASED.lock().unwrap_or_else(PoisonError::into_inner));
     let n = released.len();
@@ -232,27 +269,95 @@ pub(crate) fn drain_released() -> usize {
     n
 }
 
-/// Runs `f` with this thread's capture mode relaxed, so that driver queries it makes (event
-/// queries) are not refused, and do not invalidate a capture in global mode elsewhere. The
-/// previous mode is restored afterwards.
-pub(crate) fn relaxed<R>(f: impl FnOnce() -> R) -> R {
-    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: libcuda is loaded (callers hold events); the driver swaps the thread's mode
-    // with the value behind a pointer to a live local.
-    let swapped =
-        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) } == sys::CUresult::CUDA_SUCCESS;
-    let result = f();
-    if swapped {
-        // SAFETY: as above; `mode` now holds the thread's previous mode, put back.
-        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-    }
-    result
-}
-
 /// Whether `stream` is being captured into a CUDA graph (`cuStreamGetCaptureInfo`), in its
 /// own context (the calling thread's current context is left as it was).
 pub fn capture_status(stream: &cudarc::driver::CudaStream) -> Result<CaptureStatus, Error> {
-    let _bound = crate::driver::bind(stream.context())?;
+    let _bound = bind(stream.context())?;
     // SAFETY: a cudarc stream borrowed for the call is live; its context is current.
     Ok(unsafe { capture_of(stream.cu_stream()) }?.status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn active(id: u64) -> Capture {
+        Capture::Active(Active {
+            id,
+            graph: std::ptr::null_mut(),
+        })
+    }
+
+    /// What a plan says, as a short string the table below compares.
+    fn outcome(plan: Result<WaitPlan, Error>) -> String {
+        match plan {
+            Ok(WaitPlan::Wait) => "wait".into(),
+            Ok(WaitPlan::WaitExternal(a)) => format!("external({})", a.id),
+            Err(Error::LegacyDuringCapture) => "legacy".into(),
+            Err(Error::CaptureMismatch { .. }) => "mismatch".into(),
+            Err(e) => format!("{e}"),
+        }
+    }
+
+    /// The crate docs' capture rules, every producer x consumer x fork x legacy combination.
+    #[test]
+    fn capture_rules_table() {
+        use CaptureStatus as P;
+        let producers = [P::None, P::Active { id: 7 }, P::Invalidated, P::Implicit];
+        let consumers = [
+            ("none", Capture::None),
+            ("same", active(7)),
+            ("other", active(9)),
+            ("invalidated", Capture::Invalidated),
+            ("implicit", Capture::Implicit),
+        ];
+        for p in producers {
+            for (cname, c) in consumers {
+                for fork in [Fork::Allowed, Fork::Refused] {
+                    for legacy in [false, true] {
+                        let got = outcome(plan_wait(p, c, fork, legacy));
+                        let want = match (p, cname) {
+                            (P::Implicit, _) | (_, "implicit") => "legacy",
+                            (P::Active { .. }, "same") => "wait",
+                            (P::Active { .. }, "none") if fork == Fork::Allowed && !legacy => {
+                                "wait"
+                            }
+                            (P::Active { .. }, _) => "mismatch",
+                            (_, "same") => "external(7)",
+                            (_, "other") => "external(9)",
+                            _ => "wait",
+                        };
+                        assert_eq!(
+                            got, want,
+                            "producer {p:?}, consumer {cname}, {fork:?}, legacy {legacy}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mismatches_name_both_captures() {
+        let err = plan_wait(
+            CaptureStatus::Active { id: 3 },
+            Capture::None,
+            Fork::Refused,
+            false,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::CaptureMismatch {
+                producer: CaptureStatus::Active { id: 3 },
+                consumer: CaptureStatus::None
+            }
+        ));
+        assert_eq!(
+            err.to_string(),
+            "the data is ready on a stream that is being captured into a CUDA graph (capture 3) \
+             but the consumer stream is not being captured (expected the consumer in the same \
+             capture; outside it, order against the stream the graph is launched on)"
+        );
+    }
 }

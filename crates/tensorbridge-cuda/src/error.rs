@@ -5,7 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::{DriverError, sys};
 use tensorbridge::Device;
 
-use crate::{CaptureStatus, MemoryType};
+use crate::ipc::DeviceUuid;
+use crate::types::{CaptureStatus, MemoryType};
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
 /// core's refusals (layout, alignment, dtype, read-only...) pass through unchanged as
@@ -172,6 +173,163 @@ pub enum Error {
         end: usize,
         /// The device the driver places the allocation on.
         device: Device,
+    },
+
+    // ---- sharing with another process (`ipc`) ----
+    /// Bytes that are not a share handle at all.
+    #[error(
+        "these {len} bytes are not a tensorbridge share handle (expected the bytes of tensorbridge.share or tensorbridge_cuda::ipc::export, which start with \"TBSHARE\")"
+    )]
+    IpcNotAHandle {
+        /// How many bytes were given.
+        len: usize,
+    },
+    /// A share handle shorter or longer than it says it is.
+    #[error(
+        "the share handle is {len} bytes long but {expected} were expected (a truncated or padded handle)"
+    )]
+    IpcHandleLength {
+        /// How many bytes were given.
+        len: usize,
+        /// How many the handle needs.
+        expected: usize,
+    },
+    /// A share handle of another format version.
+    #[error(
+        "the share handle has format version {found} (expected {expected}: the producing and the opening process run incompatible tensorbridge versions)"
+    )]
+    IpcHandleVersion {
+        /// The handle's version.
+        found: u32,
+        /// The version this build reads.
+        expected: u32,
+    },
+    /// A share handle whose checksum does not match its bytes.
+    #[error(
+        "the share handle's checksum is {found:#018x} but its bytes hash to {computed:#018x} (a corrupted or altered handle)"
+    )]
+    IpcHandleChecksum {
+        /// The checksum the handle carries.
+        found: u64,
+        /// The checksum of its bytes.
+        computed: u64,
+    },
+    /// A share handle with a field no producer writes.
+    #[error("the share handle's {field} is {value} (expected {expected})")]
+    IpcHandleField {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What a producer writes there.
+        expected: &'static str,
+    },
+    /// A share handle whose tensor reaches outside the allocation it names.
+    #[error(
+        "the share handle describes bytes [{lo}, {hi}) of an allocation of {size} bytes (expected the tensor inside its allocation: an altered handle)"
+    )]
+    IpcHandleSpan {
+        /// The first byte, from the allocation's start.
+        lo: i128,
+        /// One past the last byte, from the allocation's start.
+        hi: i128,
+        /// The allocation's size.
+        size: u64,
+    },
+    /// A tensor whose device CUDA IPC cannot share.
+    #[error(
+        "memory on {device} cannot be shared with another process (expected cuda device memory; CUDA IPC does not share pinned host or managed memory)"
+    )]
+    IpcNotDevice {
+        /// The tensor's device.
+        device: Device,
+    },
+    /// Memory of a kind CUDA IPC cannot share, behind a tensor that claims device memory.
+    #[error(
+        "address {addr:#x} is {memory} memory, which CUDA IPC cannot share (expected device memory)"
+    )]
+    IpcMemoryType {
+        /// The tensor's address.
+        addr: usize,
+        /// What the driver says it is.
+        memory: MemoryType,
+    },
+    /// Memory mapped with the virtual memory management API.
+    #[error(
+        "address {addr:#x} lies in a virtual memory mapping (cuMemCreate and cuMemMap, as PyTorch's expandable segments make), which legacy CUDA IPC cannot share and this version does not share through file descriptors (expected memory from cudaMalloc: for PyTorch, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)"
+    )]
+    IpcVirtualMemory {
+        /// The tensor's address.
+        addr: usize,
+    },
+    /// Memory from a stream-ordered pool.
+    #[error(
+        "address {addr:#x} comes from a stream-ordered memory pool (cudaMallocAsync: CuPy's MemoryAsyncPool, PyTorch's backend:cudaMallocAsync, cudarc's allocations), which legacy CUDA IPC cannot share (expected memory from cudaMalloc or a caching allocator built on it)"
+    )]
+    IpcPoolMemory {
+        /// The tensor's address.
+        addr: usize,
+    },
+    /// An allocation the driver says CUDA IPC cannot share, for no reason this crate knows.
+    #[error(
+        "the CUDA driver says the allocation at {addr:#x} cannot be shared with CUDA IPC (expected memory from cudaMalloc; memory opened from another process's share cannot be shared again: share the original)"
+    )]
+    IpcNotShareable {
+        /// The tensor's address.
+        addr: usize,
+    },
+    /// A share of a GPU the opening process does not see.
+    #[error(
+        "the shared tensor is on {uuid}, which this process cannot see (expected that GPU among the devices CUDA_VISIBLE_DEVICES leaves visible)"
+    )]
+    IpcDeviceNotVisible {
+        /// The GPU's UUID.
+        uuid: DeviceUuid,
+    },
+    /// A share whose producing process has exited.
+    #[error(
+        "the producer of the share, process {pid}, has exited (expected it running: memory shared by a process lives only as long as that process)"
+    )]
+    IpcProducerGone {
+        /// The producer's process id.
+        pid: u32,
+    },
+    /// A share its producer released before this open.
+    #[error(
+        "the share was released by its producer, process {pid}, before this process opened it (expected the producer to still hold the handle, or a share made for more consumers)"
+    )]
+    IpcReleased {
+        /// The producer's process id.
+        pid: u32,
+    },
+    /// A share already held by as many processes as its slot records.
+    #[error(
+        "{limit} processes already hold this share (expected at most {limit} consumer processes at a time)"
+    )]
+    IpcTooManyConsumers {
+        /// How many processes a share can record.
+        limit: usize,
+    },
+    /// The shared-memory file that counts a share's holders could not be used.
+    #[error(
+        "cannot {op} the share lifetime file {path}: {} (expected a writable /dev/shm that both processes see, and both processes run by the same user)",
+        std::io::Error::from_raw_os_error(*.errno)
+    )]
+    IpcLifetimeFile {
+        /// What was being done (`create`, `open`, `map`, `read`).
+        op: &'static str,
+        /// The file.
+        path: String,
+        /// The OS error number.
+        errno: i32,
+    },
+    /// A consumer stream a release cannot be ordered on.
+    #[error(
+        "a shared tensor cannot be opened on the {stream}: its release is ordered on that stream from whichever thread drops the tensor (expected the legacy default stream or a stream handle)"
+    )]
+    IpcStream {
+        /// The stream given.
+        stream: tensorbridge::Stream,
     },
 }
 

@@ -12,13 +12,15 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor};
-
-use crate::Error;
-use crate::capture::{Capture, CaptureStatus, capture_of, keep_with_graph};
-use crate::driver::{
-    DeviceCtx, Event, Wait, bind, current_device, device, device_of_stream, raw_stream, stream_of,
+use tensorbridge::{
+    Device, DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor, TensorRef,
 };
+
+use crate::capture::{Capture, Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
+use crate::context::{DeviceCtx, bind, current_device, device, device_of_stream};
+use crate::error::Error;
+use crate::event::{Event, Wait};
+use crate::types::{CaptureStatus, raw_stream, stream_of};
 
 /// A CUDA event recorded on a producer stream: the [`ReadySignal`] this crate attaches to
 /// tensors ([`Ready::Signal`]).
@@ -71,9 +73,8 @@ impl CudaSignal {
     ///    is undefined behaviour in the driver).
     pub unsafe fn record_raw(ordinal: u32, producer: Stream) -> Result<CudaSignal, Error> {
         // SAFETY: `producer` is live for the call (our caller's obligation 1).
-        let at = unsafe { At::locate(producer, ordinal) }?;
-        // SAFETY: as above.
-        let (event, capture) = unsafe { at.record() }?;
+        let at = unsafe { Located::locate(producer, ordinal) }?;
+        let (event, capture) = at.record()?;
         Ok(CudaSignal {
             event: Arc::new(event),
             producer,
@@ -91,8 +92,7 @@ impl CudaSignal {
     /// its device's primary context other than the per-thread default stream, and none
     /// otherwise.
     pub fn record(stream: &Arc<CudaStream>) -> Result<CudaSignal, Error> {
-        // SAFETY: a cudarc stream borrowed for the call is live.
-        let (event, capture) = unsafe { At::cudarc(stream).record() }?;
+        let (event, capture) = Located::cudarc(stream).record()?;
         Ok(CudaSignal {
             event: Arc::new(event),
             producer: stream_of(stream),
@@ -141,16 +141,14 @@ impl CudaSignal {
     pub unsafe fn wait_on_raw(&self, consumer: Stream) -> Result<(), Error> {
         let ordinal = u32::try_from(self.event.context().ordinal()).unwrap_or(u32::MAX);
         // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-        let at = unsafe { At::locate(consumer, ordinal) }?;
-        // SAFETY: as above.
-        unsafe { at.wait_signal(self) }
+        let at = unsafe { Located::locate(consumer, ordinal) }?;
+        at.wait_signal(self)
     }
 
     /// [`CudaSignal::wait_on_raw`] for a cudarc stream, of any context or device (its default
     /// streams are its own context's). Safe: the stream is live for the call by construction.
     pub fn wait_on(&self, consumer: &CudaStream) -> Result<(), Error> {
-        // SAFETY: a cudarc stream borrowed for the call is live.
-        unsafe { At::cudarc(consumer).wait_signal(self) }
+        Located::cudarc(consumer).wait_signal(self)
     }
 
     /// Whether the recorded work has finished; never blocks. An error for a signal recorded
@@ -199,7 +197,11 @@ impl ReadySignal for CudaSignal {
 
 /// A stream located for the driver: the context its default-stream sentinels mean (a
 /// primary context for raw streams; its own for cudarc streams), and its raw handle.
-struct At<'a> {
+///
+/// The type carries the promise that the stream is live while the value exists: the safe
+/// [`Located::cudarc`] borrows a cudarc stream for `'a`, and the `unsafe` [`Located::locate`]
+/// makes its caller vouch for a raw one. Its methods are then safe.
+struct Located<'a> {
     ctx: Ctx<'a>,
     raw: sys::CUstream,
     /// The core's name of the stream (for same-stream checks and messages).
@@ -222,10 +224,10 @@ impl Ctx<'_> {
     }
 }
 
-impl<'a> At<'a> {
+impl<'a> Located<'a> {
     /// A cudarc stream, in its own context.
-    fn cudarc(stream: &'a CudaStream) -> At<'a> {
-        At {
+    fn cudarc(stream: &'a CudaStream) -> Located<'a> {
+        Located {
             ctx: Ctx::Cudarc(stream.context()),
             raw: stream.cu_stream(),
             name: stream_of(stream),
@@ -237,69 +239,61 @@ impl<'a> At<'a> {
     ///
     /// # Safety
     /// The caller guarantees:
-    /// 1. `stream` is live for the duration of the call (a handle that has not been
-    ///    destroyed, or a sentinel).
-    unsafe fn locate(stream: Stream, ordinal: u32) -> Result<At<'static>, Error> {
+    /// 1. \[live\] `stream` is live (a handle that has not been destroyed, or a sentinel)
+    ///    for the call and as long as the returned value exists.
+    unsafe fn locate(stream: Stream, ordinal: u32) -> Result<Located<'static>, Error> {
         let dev = match stream {
             // SAFETY: a live handle (obligation 1).
             Stream::Handle(h) => unsafe { device_of_stream(h) }?,
             _ => device(ordinal)?,
         };
-        Ok(At {
+        Ok(Located {
             ctx: Ctx::Primary(dev),
             raw: raw_stream(stream),
             name: stream,
         })
     }
 
-    /// A raw stream for `tensor`: sentinels in the primary context of the device the
-    /// tensor's stream work runs on ([`stream_device`]).
+    /// A raw stream for a tensor on `device`: sentinels in the primary context of the
+    /// device the tensor's stream work runs on ([`stream_device`]).
     ///
     /// # Safety
-    /// As [`At::locate`].
-    unsafe fn locate_for(stream: Stream, tensor: &Tensor) -> Result<At<'static>, Error> {
+    /// As [`Located::locate`].
+    unsafe fn locate_for(stream: Stream, device: Device) -> Result<Located<'static>, Error> {
         let ordinal = match stream {
             // The handle says where it is; the ordinal is unused.
             Stream::Handle(_) => 0,
-            _ => stream_device(tensor, stream)?,
+            _ => stream_device(device, stream)?,
         };
         // SAFETY: forwarded obligation 1.
-        unsafe { At::locate(stream, ordinal) }
+        unsafe { Located::locate(stream, ordinal) }
     }
 
     /// Whether `self` and `other` are one stream (the same handle, or the same sentinel of one
     /// context; never the per-thread stream, which is another stream on every thread, so a
     /// name alone cannot prove it).
-    fn same_as(&self, other: &At<'_>) -> bool {
+    fn same_as(&self, other: &Located<'_>) -> bool {
         self.name != Stream::PerThreadDefault
             && self.name == other.name
             && self.ctx.get().cu_ctx() == other.ctx.get().cu_ctx()
     }
 
     /// The stream's capture state.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn capture(&self) -> Result<Capture, Error> {
+    fn capture(&self) -> Result<Capture, Error> {
         let _bound = bind(self.ctx.get())?;
-        // SAFETY: live (obligation 1), its context current.
+        // SAFETY: live while `self` exists (the type's promise), its context current.
         unsafe { capture_of(self.raw) }
     }
 
     /// A pooled event recorded on the stream now, with the capture it was recorded in.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn record(&self) -> Result<(Event, Option<u64>), Error> {
-        // SAFETY: live (obligation 1).
-        let capture = match unsafe { self.capture() }? {
+    fn record(&self) -> Result<(Event, Option<u64>), Error> {
+        let capture = match self.capture()? {
             Capture::Implicit => return Err(Error::LegacyDuringCapture),
             c => c.id(),
         };
         let event = Event::in_context(self.ctx.get())?;
-        // SAFETY: live (obligation 1); the event is in the stream's context.
+        // SAFETY: live while `self` exists (the type's promise); the event is in the
+        // stream's context.
         unsafe { event.record(self.raw) }?;
         Ok((event, capture))
     }
@@ -307,65 +301,45 @@ impl<'a> At<'a> {
     /// Makes the stream wait, on the device, for the work enqueued on `producer` so far:
     /// nothing when they are one stream, an event and a wait otherwise, following the capture
     /// rules of the crate docs. Never blocks the host.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. both streams are live for the duration of the call.
-    unsafe fn wait_stream(&self, producer: &At<'_>, fork: Fork) -> Result<(), Error> {
+    fn wait_stream(&self, producer: &Located<'_>, fork: Fork) -> Result<(), Error> {
         if self.same_as(producer) {
             return Ok(());
         }
-        // SAFETY: live (obligation 1).
-        let consumer_capture = unsafe { self.capture() }?;
-        // SAFETY: live (obligation 1).
-        let producer_capture = unsafe { producer.capture() }?;
-        let wait = match (producer_capture, consumer_capture) {
-            (Capture::Implicit, _) | (_, Capture::Implicit) => {
-                return Err(Error::LegacyDuringCapture);
-            }
-            (Capture::Active(p), Capture::Active(c)) if p.id == c.id => Wait::Default,
-            // A stream outside any capture waiting on a captured stream joins the capture (the
-            // fork of CUDA's cross-stream capture); it must be joined back before the capture
-            // ends. Only for explicit stream-to-stream joins, and never the legacy stream.
-            (Capture::Active(_), Capture::None)
-                if fork == Fork::Allowed && self.name != Stream::LegacyDefault =>
-            {
-                Wait::Default
-            }
-            (Capture::Active(_), _) => {
-                return Err(Error::CaptureMismatch {
-                    producer: producer_capture.status(),
-                    consumer: consumer_capture.status(),
-                });
-            }
-            (_, Capture::Active(c)) => {
+        let consumer_capture = self.capture()?;
+        let producer_capture = producer.capture()?;
+        let plan = plan_wait(
+            producer_capture.status(),
+            consumer_capture,
+            fork,
+            self.name == Stream::LegacyDefault,
+        )?;
+        let wait = match plan {
+            WaitPlan::Wait => Wait::Default,
+            WaitPlan::WaitExternal(graph) => {
                 // The producer's work as of now, waited for by the graph at replay (a
                 // dedicated event, kept with the graph so it is never re-recorded).
                 let event = Arc::new(Event::in_context(producer.ctx.get())?);
-                // SAFETY: the producer is live (obligation 1); the event is in its context.
+                // SAFETY: the producer is live while it exists (the type's promise); the
+                // event is in its context.
                 unsafe { event.record(producer.raw) }?;
-                // SAFETY: the consumer is live (obligation 1).
+                // SAFETY: the consumer (`self`) is live while it exists (the type's promise).
                 unsafe { event.make_wait_in(self.raw, self.ctx.get(), Wait::External) }?;
-                keep_with_graph(c, Box::new(event));
+                keep_with_graph(graph, Box::new(event));
                 return Ok(());
             }
-            _ => Wait::Default,
         };
         let event = Event::in_context(producer.ctx.get())?;
-        // SAFETY: the producer is live (obligation 1); the event is in its context.
+        // SAFETY: the producer is live while it exists (the type's promise); the event is
+        // in its context.
         unsafe { event.record(producer.raw) }?;
-        // SAFETY: the consumer is live (obligation 1).
+        // SAFETY: the consumer (`self`) is live while it exists (the type's promise).
         unsafe { event.make_wait_in(self.raw, self.ctx.get(), wait) }
         // The event goes back to the pool here; the wait already captured it.
     }
 
     /// Makes the stream wait, on the device, for `signal`'s recorded work, following the
     /// capture rules of the crate docs. Never blocks the host.
-    ///
-    /// # Safety
-    /// The caller guarantees:
-    /// 1. the stream is live for the duration of the call.
-    unsafe fn wait_signal(&self, signal: &CudaSignal) -> Result<(), Error> {
+    fn wait_signal(&self, signal: &CudaSignal) -> Result<(), Error> {
         let recorded_here = signal.producer != Stream::PerThreadDefault
             && signal.producer == self.name
             && signal.event.context().cu_ctx() == self.ctx.get().cu_ctx();
@@ -374,50 +348,36 @@ impl<'a> At<'a> {
             // enqueued here from now on.
             return Ok(());
         }
-        // SAFETY: live (obligation 1).
-        let consumer_capture = unsafe { self.capture() }?;
-        let wait = match (signal.capture, consumer_capture) {
-            (_, Capture::Implicit) => return Err(Error::LegacyDuringCapture),
-            (Some(id), Capture::Active(c)) if id == c.id => Wait::Default,
-            (Some(id), _) => {
-                return Err(Error::CaptureMismatch {
-                    producer: CaptureStatus::Active { id },
-                    consumer: consumer_capture.status(),
-                });
-            }
-            (None, Capture::Active(c)) => {
-                // SAFETY: live (obligation 1).
+        let consumer_capture = self.capture()?;
+        let producer = match signal.capture {
+            Some(id) => CaptureStatus::Active { id },
+            None => CaptureStatus::None,
+        };
+        // A signal is data, never a fork: the same rules as a tensor's producer stream.
+        let wait = match plan_wait(producer, consumer_capture, Fork::Refused, false)? {
+            WaitPlan::Wait => Wait::Default,
+            WaitPlan::WaitExternal(graph) => {
+                // SAFETY: live while `self` exists (the type's promise).
                 unsafe {
                     signal
                         .event
                         .make_wait_in(self.raw, self.ctx.get(), Wait::External)
                 }?;
-                keep_with_graph(c, Box::new(signal.event.clone()));
+                keep_with_graph(graph, Box::new(signal.event.clone()));
                 return Ok(());
             }
-            (None, _) => Wait::Default,
         };
-        // SAFETY: live (obligation 1).
+        // SAFETY: live while `self` exists (the type's promise).
         unsafe { signal.event.make_wait_in(self.raw, self.ctx.get(), wait) }
     }
 }
 
-/// Whether a stream outside any capture may join a capture by waiting on a captured stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fork {
-    /// Explicit stream-to-stream joins ([`join`], [`join_raw`]): CUDA's fork pattern.
-    Allowed,
-    /// Tensor hand-offs: data made inside a capture, used outside it, is refused.
-    Refused,
-}
-
-/// The device whose primary context a default-stream sentinel of `tensor`'s readiness or
-/// consumer means: the tensor's own device for CUDA device memory. Pinned and managed memory
-/// carry ordinal 0 by DLPack's convention, which says nothing about where the work runs: a
-/// sentinel then means the calling thread's current device, and is refused when no context
-/// is current ([`Error::UnknownStreamDevice`]).
-fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
-    let dev = tensor.device();
+/// The device whose primary context a default-stream sentinel of the readiness or consumer of
+/// a tensor on `dev` means: the tensor's own device for CUDA device memory. Pinned and managed
+/// memory carry ordinal 0 by DLPack's convention, which says nothing about where the work
+/// runs: a sentinel then means the calling thread's current device, and is refused when no
+/// context is current ([`Error::UnknownStreamDevice`]).
+fn stream_device(dev: Device, stream: Stream) -> Result<u32, Error> {
     match dev.kind {
         DeviceType::Cuda => Ok(dev.ordinal),
         DeviceType::CudaManaged | DeviceType::CudaHost => {
@@ -454,6 +414,9 @@ fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
 /// device's primary context (for pinned and managed memory, of the calling thread's current
 /// device). For a cudarc stream, use the safe [`make_ready_on`].
 ///
+/// Takes a `&Tensor` or a borrowed [`TensorRef`] (`tensor.as_ref()`, or an adapter's argument
+/// pinned for a call): ordering needs no owner.
+///
 /// # Safety
 /// A [`Stream`] is a plain value that safe code can make from any number; the driver trusts it.
 /// The caller guarantees:
@@ -461,7 +424,11 @@ fn stream_device(tensor: &Tensor, stream: Stream) -> Result<u32, Error> {
 ///    primary context that has not been destroyed, or a default stream
 ///    ([`Stream::PerThreadDefault`] is the calling thread's). For the wait to order anything,
 ///    the work that uses the tensor must then be enqueued on `consumer`, while it lives.
-pub unsafe fn make_ready_on_raw(tensor: &Tensor, consumer: Stream) -> Result<(), Error> {
+pub unsafe fn make_ready_on_raw<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: Stream,
+) -> Result<(), Error> {
+    let tensor = tensor.into();
     match tensor.ready() {
         Ready::Now => Ok(()),
         Ready::Stream(producer)
@@ -471,20 +438,18 @@ pub unsafe fn make_ready_on_raw(tensor: &Tensor, consumer: Stream) -> Result<(),
         }
         Ready::Stream(producer) => {
             // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-            let c = unsafe { At::locate_for(consumer, tensor) }?;
+            let c = unsafe { Located::locate_for(consumer, tensor.device()) }?;
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream: whoever attached the readiness vouched for both
             // (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
-            // SAFETY: both live, as just said.
-            unsafe { c.wait_stream(&p, Fork::Refused) }
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            c.wait_stream(&p, Fork::Refused)
         }
         Ready::Signal(signal) => match signal.as_any().downcast_ref::<CudaSignal>() {
             Some(own) => {
                 // SAFETY: `consumer` is live for the call (our caller's obligation 1).
-                let c = unsafe { At::locate_for(consumer, tensor) }?;
-                // SAFETY: as above.
-                unsafe { c.wait_signal(own) }
+                let c = unsafe { Located::locate_for(consumer, tensor.device()) }?;
+                c.wait_signal(own)
             }
             // SAFETY: our caller's obligation 1 is `enqueue_wait`'s: a live stream on the
             // tensor's device (the signal's) for the call.
@@ -553,11 +518,45 @@ pub unsafe fn handoff_raw(tensor: &Tensor, consumer: Stream) -> Result<Tensor, E
 /// and none otherwise (a stream of another device, or of another context). Never blocks the
 /// host, except where [`make_ready_on`] says.
 pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Error> {
+    let ready = handoff_ready(tensor, consumer)?;
+    if same_ready(&ready, tensor.ready()) {
+        return Ok(tensor.clone());
+    }
+    // SAFETY: `handoff_ready`'s result, for this tensor: obligations 1 to 3 hold (its docs).
+    Ok(unsafe { tensor.clone().with_ready(ready) })
+}
+
+/// Whether two readinesses are the same value (one `handoff_ready` gave back unchanged).
+fn same_ready(a: &Ready, b: &Ready) -> bool {
+    match (a, b) {
+        (Ready::Now, Ready::Now) => true,
+        (Ready::Stream(x), Ready::Stream(y)) => x == y,
+        (Ready::Signal(x), Ready::Signal(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+/// What [`handoff`] attaches, for a borrowed tensor (no owner needed): orders `consumer`
+/// after the producer on the GPU ([`make_ready_on`]) and returns the readiness of the data
+/// on `consumer`: the tensor's own when it is [`Ready::Now`] or already ready on `consumer`
+/// itself, otherwise a [`CudaSignal`] recorded on `consumer` right after the wait (which
+/// keeps `consumer` alive).
+///
+/// The result may be attached to this tensor or a clone of it ([`Tensor::with_ready`]), whose
+/// obligations hold for it: 1. `consumer` waits for the producer, and the signal captures
+/// that wait; 2. the signal names a stream only when it is `consumer`, of the tensor's
+/// device's primary context, and keeps it alive; 3. it never names the per-thread default
+/// stream.
+pub fn handoff_ready<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: &Arc<CudaStream>,
+) -> Result<Ready, Error> {
+    let tensor = tensor.into();
     make_ready_on(tensor, consumer)?;
     match tensor.ready() {
-        Ready::Now => return Ok(tensor.clone()),
-        Ready::Stream(producer) if is_consumer(tensor, *producer, consumer)? => {
-            return Ok(tensor.clone());
+        Ready::Now => return Ok(Ready::Now),
+        Ready::Stream(producer) if is_consumer(tensor.device(), *producer, consumer)? => {
+            return Ok(tensor.ready().clone());
         }
         _ => {}
     }
@@ -569,15 +568,7 @@ pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Er
         // memory have none: the signal's event is what consumers wait on).
         signal.named = None;
     }
-    // SAFETY:
-    // - 1: `consumer` now waits for the producer (`make_ready_on`), and the event
-    //   captures the work on `consumer` up to and including that wait, so work ordered after
-    //   the event sees the producer's writes;
-    // - 2: the signal names a stream only when it is `consumer`, of the tensor's device's
-    //   primary context (`record`, `same_device`), and holds a clone of its `Arc`, so the
-    //   stream lives as long as the signal, which every tensor carrying it holds;
-    // - 3: it never names the per-thread default stream (`record`).
-    Ok(unsafe { tensor.clone().with_ready(signal.into_ready()) })
+    Ok(signal.into_ready())
 }
 
 /// The same tensor with [`Ready::Stream`]`(p)` turned into a [`CudaSignal`] recorded on `p`
@@ -587,11 +578,33 @@ pub fn handoff(tensor: &Tensor, consumer: &Arc<CudaStream>) -> Result<Tensor, Er
 /// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
 /// the readiness vouched for ([`Tensor::with_ready`]).
 pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
+    if !matches!(tensor.ready(), Ready::Stream(_)) {
+        return Ok(tensor.clone());
+    }
+    let ready = settle(tensor)?;
+    // SAFETY: `settle`'s result for this tensor: obligations 1 to 3 hold (its docs).
+    Ok(unsafe { tensor.clone().with_ready(ready) })
+}
+
+/// What [`record_ready`] attaches, for a borrowed tensor: a [`Ready::Stream`]`(p)` becomes a
+/// [`CudaSignal`] recorded on `p` now; any other readiness comes back as it is (a clone).
+///
+/// The result may be attached to this tensor or a clone of it ([`Tensor::with_ready`]), whose
+/// obligations hold for it: 1. the event captures the work enqueued on the producer so far,
+/// which is what the readiness said to wait for; 2. the signal names the tensor's producer
+/// stream (none for the per-thread default stream, and for pinned and managed memory), which
+/// the promise made when that readiness was attached keeps live while a clone names it; 3. it
+/// never names the per-thread default stream.
+///
+/// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
+/// the readiness vouched for ([`Tensor::with_ready`]).
+pub fn settle<'t>(tensor: impl Into<TensorRef<'t>>) -> Result<Ready, Error> {
+    let tensor = tensor.into();
     match tensor.ready() {
         Ready::Stream(producer) => {
             let ordinal = match producer {
                 Stream::Handle(_) => 0,
-                _ => stream_device(tensor, *producer)?,
+                _ => stream_device(tensor.device(), *producer)?,
             };
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3, vouched
@@ -601,16 +614,9 @@ pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
                 // Pinned and managed memory: a sentinel names no device for others.
                 signal.named = None;
             }
-            // SAFETY:
-            // - 1: the event captures the work enqueued on the producer so far, which is what
-            //   the tensor's readiness said to wait for;
-            // - 2: the signal names the tensor's producer stream, or none for the per-thread
-            //   default stream, and the result is a clone of the tensor: the promise made when
-            //   that readiness was attached keeps the stream live until no clone names it;
-            // - 3: the signal never names the per-thread default stream (`record_raw`).
-            Ok(unsafe { tensor.clone().with_ready(signal.into_ready()) })
+            Ok(signal.into_ready())
         }
-        _ => Ok(tensor.clone()),
+        other => Ok(other.clone()),
     }
 }
 
@@ -621,28 +627,41 @@ pub fn record_ready(tensor: &Tensor) -> Result<Tensor, Error> {
 /// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
 /// the readiness vouched for ([`Tensor::with_ready`]).
 pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
-    match tensor.ready() {
-        Ready::Now => return Ok(tensor.clone()),
-        Ready::Stream(producer) => {
-            // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
-            // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
-            // SAFETY: as above.
-            let (event, capture) = unsafe { p.record() }?;
-            if let Some(id) = capture {
-                return Err(Error::HostWaitInCapture {
-                    capture: CaptureStatus::Active { id },
-                });
-            }
-            event.synchronize()?;
-        }
-        Ready::Signal(signal) => signal.synchronize().map_err(Error::from_signal)?,
+    if tensor.ready().is_now() {
+        return Ok(tensor.clone());
     }
+    wait_ready(tensor)?;
     // SAFETY:
     // - 1: the host has waited for all the work the tensor's readiness covered, which
     //   includes every write of its producer (that readiness was true): no write is pending;
     // - 2 and 3: `Ready::Now` names no stream.
     Ok(unsafe { tensor.clone().with_ready(Ready::Now) })
+}
+
+/// [`synchronize`] for a borrowed tensor: blocks the calling thread until the tensor's data
+/// is ready (the producer's work up to now). An error for work recorded in a CUDA graph
+/// capture ([`Error::HostWaitInCapture`]).
+///
+/// Safe: it hands the driver only the tensor's own producer stream, which whoever attached
+/// the readiness vouched for ([`Tensor::with_ready`]).
+pub fn wait_ready<'t>(tensor: impl Into<TensorRef<'t>>) -> Result<(), Error> {
+    let tensor = tensor.into();
+    match tensor.ready() {
+        Ready::Now => Ok(()),
+        Ready::Stream(producer) => {
+            // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
+            // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3).
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            let (event, capture) = p.record()?;
+            if let Some(id) = capture {
+                return Err(Error::HostWaitInCapture {
+                    capture: CaptureStatus::Active { id },
+                });
+            }
+            event.synchronize()
+        }
+        Ready::Signal(signal) => signal.synchronize().map_err(Error::from_signal),
+    }
 }
 
 /// Makes work submitted to a cudarc stream after this call wait, on the GPU, until `tensor`'s
@@ -656,22 +675,26 @@ pub fn synchronize(tensor: &Tensor) -> Result<Tensor, Error> {
 /// [`CudaSignal`]) can only be asked to wait on a stream of the tensor's device's primary
 /// context ([`ReadySignal::enqueue_wait`]); for any other stream the host waits for the
 /// signal instead ([`ReadySignal::synchronize`]).
-pub fn make_ready_on(tensor: &Tensor, consumer: &CudaStream) -> Result<(), Error> {
-    let c = At::cudarc(consumer);
+///
+/// Takes a `&Tensor` or a borrowed [`TensorRef`] (`tensor.as_ref()`, or an adapter's argument
+/// pinned for a call): ordering needs no owner.
+pub fn make_ready_on<'t>(
+    tensor: impl Into<TensorRef<'t>>,
+    consumer: &CudaStream,
+) -> Result<(), Error> {
+    let tensor = tensor.into();
+    let c = Located::cudarc(consumer);
     match tensor.ready() {
         Ready::Now => Ok(()),
         Ready::Stream(producer) => {
             // SAFETY: the tensor's producer stream is live, and the calling thread's if it is
             // the per-thread default stream (`Tensor::with_ready` obligations 2 and 3, vouched
             // for by whoever attached the readiness).
-            let p = unsafe { At::locate_for(*producer, tensor) }?;
-            // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live; the
-            // producer as just said.
-            unsafe { c.wait_stream(&p, Fork::Refused) }
+            let p = unsafe { Located::locate_for(*producer, tensor.device()) }?;
+            c.wait_stream(&p, Fork::Refused)
         }
         Ready::Signal(signal) => match signal.as_any().downcast_ref::<CudaSignal>() {
-            // SAFETY: `consumer` is a cudarc stream borrowed for the call, so live.
-            Some(own) => unsafe { c.wait_signal(own) },
+            Some(own) => c.wait_signal(own),
             None => {
                 let in_primary = match tensor.device().kind {
                     DeviceType::Cuda => device(tensor.device().ordinal)
@@ -691,14 +714,14 @@ pub fn make_ready_on(tensor: &Tensor, consumer: &CudaStream) -> Result<(), Error
     }
 }
 
-/// Whether `producer`, the readiness stream of `tensor`, is `consumer` itself.
-fn is_consumer(tensor: &Tensor, producer: Stream, consumer: &CudaStream) -> Result<bool, Error> {
+/// Whether `producer`, the readiness stream of a tensor on `device`, is `consumer` itself.
+fn is_consumer(device: Device, producer: Stream, consumer: &CudaStream) -> Result<bool, Error> {
     if producer != stream_of(consumer) || producer == Stream::PerThreadDefault {
         return Ok(false);
     }
     // SAFETY: the tensor's producer stream is live (`Tensor::with_ready` obligation 2).
-    let p = unsafe { At::locate_for(producer, tensor) }?;
-    Ok(p.same_as(&At::cudarc(consumer)))
+    let p = unsafe { Located::locate_for(producer, device) }?;
+    Ok(p.same_as(&Located::cudarc(consumer)))
 }
 
 /// The core's name for a cudarc stream where that name means the stream on every thread: a
@@ -743,8 +766,7 @@ pub fn ready_on(stream: &Arc<CudaStream>) -> Result<Ready, Error> {
 ///
 /// Safe: both are cudarc streams, live for the call by construction.
 pub fn join(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
-    // SAFETY: both are cudarc streams borrowed for the call, so live.
-    unsafe { At::cudarc(waiter).wait_stream(&At::cudarc(producer), Fork::Allowed) }
+    Located::cudarc(waiter).wait_stream(&Located::cudarc(producer), Fork::Allowed)
 }
 
 /// [`join`] for a raw producer stream: a handle of any primary context, or a default stream of
@@ -755,17 +777,33 @@ pub fn join(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
 /// 1. `producer` is a live stream for the duration of the call: the handle of a stream that
 ///    has not been destroyed, or a default stream.
 pub unsafe fn join_raw(waiter: &CudaStream, producer: Stream) -> Result<(), Error> {
-    let w = At::cudarc(waiter);
+    let w = Located::cudarc(waiter);
     let p = match producer {
         // SAFETY: a live handle (obligation 1).
-        Stream::Handle(_) => unsafe { At::locate(producer, 0) }?,
-        _ => At {
+        Stream::Handle(_) => unsafe { Located::locate(producer, 0) }?,
+        _ => Located {
             ctx: Ctx::Cudarc(waiter.context()),
             raw: raw_stream(producer),
             name: producer,
         },
     };
-    // SAFETY: `waiter` is a cudarc stream borrowed for the call; `producer` is live
-    // (obligation 1).
-    unsafe { w.wait_stream(&p, Fork::Allowed) }
+    w.wait_stream(&p, Fork::Allowed)
+}
+
+/// [`join`] for a raw waiter: `waiter` (a handle of any primary context, or a default stream
+/// of device `ordinal`'s primary context) waits, on the GPU, for the work enqueued on
+/// `producer` so far. Inside a capture, the join of CUDA's fork pattern.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `waiter` is a live stream for the duration of the call: the handle of a stream that
+///    has not been destroyed, or a default stream.
+pub(crate) unsafe fn join_into_raw(
+    waiter: Stream,
+    ordinal: u32,
+    producer: &CudaStream,
+) -> Result<(), Error> {
+    // SAFETY: a live stream (obligation 1).
+    let w = unsafe { Located::locate(waiter, ordinal) }?;
+    w.wait_stream(&Located::cudarc(producer), Fork::Allowed)
 }

@@ -3,22 +3,24 @@
 //! host), keeps memory alive until the device is done with it, and asks the driver what an
 //! address is. The cudarc, tch and Python adapters all use it; it depends only on the core and
 //! on cudarc's driver bindings, whose `CudaContext` and `CudaStream` are the currency of Rust
-//! CUDA code.
+//! CUDA code (and on libc, for the shared-memory files of [`ipc`]).
 //!
 //! | what | call | host blocked? |
 //! |---|---|---|
 //! | order a stream after a tensor's producer | [`make_ready_on`] (cudarc stream), `unsafe` [`make_ready_on_raw`] (raw handle) | no |
-//! | the same, and a tensor ready on that stream | [`handoff`], `unsafe` [`handoff_raw`] | no |
+//! | the same, and a tensor ready on that stream | [`handoff`], `unsafe` [`handoff_raw`]; for a borrowed tensor, the readiness: [`handoff_ready`] | no |
 //! | order one stream after another's work so far | [`join`], `unsafe` [`join_raw`] | no |
 //! | where data produced on a cudarc stream is ready | [`ready_on`] | no |
-//! | an event as a tensor's readiness | [`CudaSignal::record`], `unsafe` [`CudaSignal::record_raw`], [`record_ready`] | no |
-//! | wait on the host | [`synchronize`], [`CudaSignal::synchronize`] | yes |
-//! | keep an owner until a stream's work is done | [`retire_on`], `unsafe` [`retire_on_raw`], then [`reclaim`] | no |
+//! | an event as a tensor's readiness | [`CudaSignal::record`], `unsafe` [`CudaSignal::record_raw`], [`record_ready`]; for a borrowed tensor, [`settle`] | no |
+//! | wait on the host | [`synchronize`], [`wait_ready`] (borrowed), [`CudaSignal::synchronize`] | yes |
+//! | keep owners until a stream's work is done, then release them (a reaper thread, asleep until the device is done) | [`retire_on`], [`retire_all_on`] (many owners, one event), `unsafe` [`retire_on_raw`], [`retire_all_on_raw`]; [`reclaim`] releases what is done now | no |
 //! | raw address -> allocation | [`inspect`], [`check_span`], [`check_span_with`] | no |
+//! | copies: device memory of its own, a tensor's bytes copied out after its readiness | [`copy::DeviceBuffer`], `unsafe` [`copy::to_host`], [`copy::on_device`] | `to_host`: yes |
 //! | contexts | [`primary_context`], [`current_device`], [`ContextGuard`], [`driver_present`] | no |
 //! | graph capture | [`capture_status`] | no |
 //! | stream names | [`stream_of`], [`stream_from_raw`], [`raw_stream`] | no |
-//! | a foreign stream (PyTorch's, CuPy's) as a cudarc stream, for a scope | `unsafe` [`with_stream_raw`] | no |
+//! | a foreign stream (PyTorch's, CuPy's) as a cudarc stream, for a scope, as long as it lives ([`StreamLife`]) | `unsafe` [`with_stream_raw`] | no |
+//! | a tensor shared with another process of this machine | [`ipc::export`], [`ipc::import`], `unsafe` [`ipc::import_raw`] | no |
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -31,6 +33,12 @@
 //! let on_stream = tensorbridge_cuda::handoff(tensor, stream)?;
 //! # Ok(()) }
 //! ```
+//!
+//! Functions that only order or inspect take a `&Tensor` or a borrowed
+//! [`TensorRef`](tensorbridge::TensorRef) (`tensor.as_ref()`, or an adapter's argument pinned
+//! for one call): they need no owner. Those that return a tensor ([`handoff`],
+//! [`record_ready`], [`synchronize`]) take a `&Tensor`; their borrowed forms return what
+//! they would attach ([`handoff_ready`], [`settle`]) or nothing ([`wait_ready`]).
 //!
 //! # The stream model
 //! A core [`Tensor`] carries a [`Ready`]: `Now` (nothing pending), `Stream(s)` (ready once the
@@ -67,10 +75,10 @@
 //!   [`Error::CaptureMismatch`], [`Error::LegacyDuringCapture`] or
 //!   [`Error::HostWaitInCapture`], before anything is enqueued, so the capture stays valid.
 //! - [`retire_on`] on a capturing stream keeps the owner as long as the graph (a CUDA user
-//!   object the graph retains), released by [`reclaim`] once the graph and its executable
+//!   object the graph retains), released soon after the graph and its executable
 //!   instances are destroyed.
-//! - [`reclaim`]'s event queries run in the relaxed capture mode, so a capture in progress on
-//!   any thread is not disturbed.
+//! - Event queries and host waits for retired owners ([`reclaim`], the reaper threads) run in
+//!   the relaxed capture mode, so a capture in progress on any thread is not disturbed.
 //!
 //! Keeping a graph's inputs alive while it may be replayed is the caller's business, as in
 //! PyTorch: a tensor handed to a captured kernel must outlive the graph's replays (views and
@@ -83,9 +91,13 @@
 //! work and its later reads are on the same stream. Inputs from other streams are ordered
 //! before it with [`make_ready_on`] (the cudarc adapter's views do this), and a framework
 //! whose stream is not the kernel's is made to wait for the kernel's writes with [`join`].
-//! cudarc's `wrap_borrowed_stream` does not keep the stream alive; [`with_stream_raw`] keeps
-//! the stream's owner for as long as any clone of the wrapper lives, so an `Arc` that escapes
-//! the scope stays sound.
+//! cudarc's `wrap_borrowed_stream` does not keep the stream alive, and an `Arc` can escape any
+//! scope, so [`with_stream_raw`] is told how long the stream lives ([`StreamLife`]): forever
+//! (default streams, PyTorch's pool streams: lent as they are), as long as an owner (a CuPy
+//! `Stream`: lent, and the owner kept while any clone of the wrapper lives), or for the call
+//! only (`torch.cuda.ExternalStream`: the closure gets a stream of this crate, never
+//! destroyed, forked from the caller's and joined back to it with events, so no clone ever
+//! names the caller's stream).
 //!
 //! # Contexts: the caller's state is left alone
 //! The runtime API (and so every Python framework) reads "the current device" from the
@@ -128,33 +140,82 @@
 //!   whoever attached that readiness vouched for ([`Tensor::with_ready`], obligation 3). This
 //!   crate records an event instead whenever it meets one on a cudarc stream, and its signals
 //!   never name it.
-//! - Owners kept for finished device work are released lazily, by the next [`reclaim`]
-//!   (which the adapters call on their hot paths).
+//! - Retired owners are released by a thread per stream with pending owners (at most 16;
+//!   more streams share them, which can only delay a release), asleep until the device is
+//!   done; owners kept with a CUDA graph by a thread the graph's destruction wakes. The
+//!   keepers of escaped borrowed-stream wrappers ([`with_stream_raw`]) are released by the
+//!   next [`reclaim`] or [`with_stream_raw`].
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod borrow;
+// The modules, bottom-up: each uses only those above it in this list (cudarc's sys / result /
+// safe split is the model). `raw` is the only one that calls the driver's `cu*` functions.
+// - types:    MemoryType, CaptureStatus, raw stream handles <-> core streams; no driver call
+// - release:  releases in flight on the layer's own threads, which `reclaim` may wait for
+// - error:    the one error type
+// - raw:      libcuda's presence and initialisation, checked 1:1 driver calls (`unsafe fn`s)
+// - context:  primary contexts, binding and restoring the caller's, the thread's capture mode
+// - event:    pooled events and the two ways to wait on one
+// - capture:  capture status, the capture rules (`plan_wait`, pure), owners kept with graphs
+// - pointer:  what the driver knows of an address
+// - handoff:  CudaSignal, make_ready_on*, handoff*, join*, record_ready, synchronize
+// - retire:   owners kept until a stream's work is done, and the reaper that releases them
+// - scope:    a foreign stream as a cudarc stream for a scope
+// - copy:     device memory of its own, a tensor's bytes copied out after its readiness
+// - lib.rs:   `reclaim`, the re-exports
 mod capture;
-mod driver;
+mod context;
+pub mod copy;
 mod error;
+mod event;
 mod handoff;
+pub mod ipc;
 mod pointer;
+mod raw;
+mod release;
+mod retire;
+mod scope;
+mod types;
 
-pub use borrow::with_stream_raw;
-pub use capture::{CaptureStatus, capture_status};
-pub use driver::{
-    ContextGuard, current_device, driver_present, primary_context, raw_stream, reclaim, retire_on,
-    retire_on_raw, stream_from_raw, stream_of,
-};
+pub use capture::capture_status;
+pub use context::{ContextGuard, current_device, primary_context};
 pub use error::Error;
 pub use handoff::{
-    CudaSignal, handoff, handoff_raw, join, join_raw, make_ready_on, make_ready_on_raw, ready_on,
-    record_ready, synchronize,
+    CudaSignal, handoff, handoff_raw, handoff_ready, join, join_raw, make_ready_on,
+    make_ready_on_raw, ready_on, record_ready, settle, synchronize, wait_ready,
 };
-pub use pointer::{MemoryType, PointerInfo, check_span, check_span_with, inspect};
+pub use pointer::{PointerInfo, check_span, check_span_with, inspect};
+pub use raw::driver_present;
+pub use retire::{retire_all_on, retire_all_on_raw, retire_on, retire_on_raw};
+pub use scope::{StreamLife, with_stream_raw};
+pub use types::{CaptureStatus, MemoryType, raw_stream, stream_from_raw, stream_of};
+
+/// Releases, from the calling thread and now, what the layer keeps and no longer needs to:
+/// the keepers of borrowed streams whose last escaped wrapper is gone ([`with_stream_raw`]),
+/// the owners of CUDA graphs since destroyed, and retired owners whose work has finished
+/// (the reaper threads release those anyway, soon after the work ends; a release one of them
+/// has just taken is waited for, up to 20 ms). Returns how many retirements still wait for
+/// device work. The calling thread's
+/// current context is as it was afterwards, whatever the released owners' drops made current
+/// (a cudarc buffer or stream binds its own context to free itself).
+///
+/// Never blocks on the device. Its event queries use the relaxed capture mode, so a CUDA
+/// graph being captured on any thread is not disturbed.
+pub fn reclaim() -> usize {
+    // Without a driver there is nothing to save (the guard is inert) and nothing was retired.
+    let _restore = ContextGuard::save().ok();
+    capture::drain_released();
+    scope::sweep();
+    let pending = retire::sweep();
+    // A release the layer's threads took just before (so not found above) finishes first, if
+    // it does soon: after this returns, what had completed is released. Bounded, since such a
+    // release may wait for something this thread holds (a Python owner, for the GIL).
+    release::wait_idle(std::time::Duration::from_millis(20));
+    pending
+}
 
 // Thread safety of the public types, checked at compile time:
-// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `driver.rs` say why events may be
+// - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `event.rs` say why events may be
 //   recorded, waited on and destroyed from any thread: the driver API is thread-safe for
 //   them, and the context is made current on the calling thread first), the stream names
 //   (plain values) and the `Arc<CudaStream>` it keeps alive (cudarc's, Send + Sync).

@@ -2,39 +2,15 @@
 //! lie inside one live allocation on the device it claims.
 
 use std::ffi::c_void;
-use std::fmt;
 use std::ops::Range;
 
 use cudarc::driver::sys;
 use tensorbridge::{Descriptor, Device, DeviceType};
 
-use crate::Error;
-use crate::driver::{bind, current, device, ensure_driver};
-
-/// The kind of memory behind an address, as the driver reports it.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MemoryType {
-    /// Page-locked host memory the driver knows (`cuMemHostAlloc`, `cuMemHostRegister`).
-    Host,
-    /// Device memory (`cuMemAlloc`, stream-ordered pools, VMM mappings).
-    Device,
-    /// Managed (unified) memory (`cuMemAllocManaged`).
-    Managed,
-    /// A CUDA array (not addressable by kernels as a pointer).
-    Array,
-}
-
-impl fmt::Display for MemoryType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MemoryType::Host => "pinned host",
-            MemoryType::Device => "device",
-            MemoryType::Managed => "managed",
-            MemoryType::Array => "array",
-        })
-    }
-}
+use crate::context::{bind, current, device};
+use crate::error::Error;
+use crate::raw::{self, ensure_driver};
+use crate::types::MemoryType;
 
 /// What the driver knows about an address (`cuPointerGetAttributes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,27 +86,16 @@ fn inspect_on(addr: usize, ordinal: u32) -> Result<PointerInfo, Error> {
     let mut slots: [*mut c_void; ATTRIBUTES.len()] =
         std::array::from_fn(|i| (&raw mut values[i]).cast::<c_void>());
     let mut attributes = ATTRIBUTES;
-    // SAFETY: a context is current (bound above); the driver reads `ATTRIBUTES.len()`
-    // attributes and writes each value through the matching slot, which points to a live,
-    // zeroed, 8-byte-aligned `u64` (every attribute asked for is at most 8 bytes); it keeps
-    // no pointer after returning. `addr` is only looked up, never dereferenced.
-    let result = unsafe {
-        sys::cuPointerGetAttributes(
-            ATTRIBUTES.len() as u32,
-            attributes.as_mut_ptr(),
-            slots.as_mut_ptr(),
-            addr as sys::CUdeviceptr,
-        )
-    };
-    match result {
-        sys::CUresult::CUDA_SUCCESS => {}
-        sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Err(Error::NotAllocation { addr }),
-        result => {
-            return Err(Error::Driver {
-                call: "cuPointerGetAttributes",
-                result,
-            });
-        }
+    // SAFETY: libcuda is loaded (checked above); a context is current (the caller's, or
+    // bound above); each slot points to a live, zeroed, 8-byte-aligned `u64`, one per
+    // attribute, and every attribute asked for is at most 8 bytes.
+    match unsafe { raw::pointer::get_attributes(&mut attributes, &mut slots, addr) } {
+        Ok(()) => {}
+        Err(Error::Driver {
+            result: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            ..
+        }) => return Err(Error::NotAllocation { addr }),
+        Err(e) => return Err(e),
     }
     let [memory, ordinal, base, size, managed] = values;
     parse(

@@ -1,13 +1,13 @@
 //! What a kernel launch over foreign tensors needs besides the views: checked arguments
 //! (inputs read, in-place outputs written, no aliasing a kernel could see), a strided layout
-//! as a kernel argument, and kernels compiled with NVRTC once per context.
+//! as a kernel argument, and a launch configuration for any number of elements. (Compiling
+//! kernels: the `compile` module.)
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr};
-use tensorbridge::{Constraint, Descriptor, Tensor};
+use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
+use tensorbridge::{Constraint, Descriptor, Owner, Tensor, TensorRef};
 
 use crate::view::{DeviceView, DeviceViewMut, Release, make_view};
 use crate::{CudaElement, Error};
@@ -46,11 +46,18 @@ impl KernelLayout {
         KernelLayout::new(desc.shape(), desc.strides_elems())
     }
 
-    /// A layout from extents and strides in elements (of equal length, as a validated
-    /// layout has; extra strides are ignored); [`Error::RankTooLarge`] past
-    /// [`MAX_KERNEL_RANK`] dimensions.
+    /// A layout from extents and strides in elements, of equal length (as a validated
+    /// layout has: the core's [`RankMismatch`](tensorbridge::Error::RankMismatch) otherwise);
+    /// [`Error::RankTooLarge`] past [`MAX_KERNEL_RANK`] dimensions.
     pub fn new(shape: &[i64], strides: &[i64]) -> Result<KernelLayout, Error> {
         let rank = shape.len();
+        if strides.len() != rank {
+            return Err(tensorbridge::Error::RankMismatch {
+                shape: rank,
+                strides: strides.len(),
+            }
+            .into());
+        }
         if rank > MAX_KERNEL_RANK {
             return Err(Error::RankTooLarge {
                 rank,
@@ -64,21 +71,20 @@ impl KernelLayout {
             _pad: 0,
         };
         l.shape[..rank].copy_from_slice(shape);
-        for (d, s) in l.strides[..rank].iter_mut().zip(strides) {
-            *d = *s;
-        }
+        l.strides[..rank].copy_from_slice(strides);
         Ok(l)
     }
 }
 
-/// The CUDA C declaration of [`KernelLayout`] (`tb_layout`) and `tb_offset(layout, i)`, the
-/// element offset of the `i`-th element in row-major order of the index. [`kernel`] prepends
-/// it to every source; prepend it yourself for other compilers:
+/// The CUDA C declaration of [`KernelLayout`] (`tb_layout`), `tb_offset(layout, i)`, the
+/// element offset of the `i`-th element in row-major order of the index, and the grid-stride
+/// loop's `tb_index()` (this thread's first element) and `tb_stride()` (the whole grid's
+/// threads), which [`grid_stride`] launches are written with. [`kernel`](crate::kernel)
+/// prepends it to every source; prepend it yourself for other compilers:
 ///
 /// ```c
 /// extern "C" __global__ void scale(float a, const float* x, tb_layout lx, long long n) {
-///     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-///     if (i < n) { /* read x[tb_offset(lx, i)] */ }
+///     for (long long i = tb_index(); i < n; i += tb_stride()) { /* read x[tb_offset(lx, i)] */ }
 /// }
 /// ```
 pub const KERNEL_LAYOUT_CUDA: &str = r#"
@@ -99,6 +105,12 @@ __device__ __forceinline__ long long tb_offset(const tb_layout& l, long long i) 
     }
     return off;
 }
+__device__ __forceinline__ long long tb_index() {
+    return blockIdx.x * (long long)blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long tb_stride() {
+    return (long long)gridDim.x * blockDim.x;
+}
 #endif
 "#;
 
@@ -106,6 +118,91 @@ impl<T> DeviceView<'_, T> {
     /// The tensor's shape and strides as a kernel argument ([`KernelLayout`]).
     pub fn layout(&self) -> Result<KernelLayout, Error> {
         KernelLayout::of(self.descriptor())
+    }
+}
+
+/// Threads per block of a [`grid_stride`] launch.
+pub const GRID_STRIDE_BLOCK: u32 = 256;
+
+/// The most blocks a [`grid_stride`] launch has: beyond `GRID_STRIDE_BLOCK *
+/// GRID_STRIDE_MAX_BLOCKS` elements (16 Mi), each thread loops. Several times the threads any
+/// GPU keeps resident, so the loop costs nothing below that.
+pub const GRID_STRIDE_MAX_BLOCKS: u32 = 1 << 16;
+
+/// The launch configuration of a grid-stride kernel over `numel` elements, for any `numel`:
+/// blocks of [`GRID_STRIDE_BLOCK`] threads, `ceil(numel / block)` blocks but at least one (an
+/// empty tensor launches one block whose threads do nothing; the driver refuses a zero grid)
+/// and at most [`GRID_STRIDE_MAX_BLOCKS`] (more elements than threads, even past 2^32: each
+/// thread loops; cudarc's `LaunchConfig::for_num_elems(n as u32)` wraps there and leaves most
+/// of the tensor unwritten). The kernel loops:
+///
+/// ```c
+/// for (long long i = tb_index(); i < n; i += tb_stride()) { ... }
+/// ```
+///
+/// (`tb_index` and `tb_stride` are [`KERNEL_LAYOUT_CUDA`]'s, which
+/// [`kernel`](crate::kernel) prepends.)
+pub fn grid_stride(numel: u64) -> LaunchConfig {
+    let block = u64::from(GRID_STRIDE_BLOCK);
+    let blocks = numel
+        .div_ceil(block)
+        .clamp(1, u64::from(GRID_STRIDE_MAX_BLOCKS));
+    LaunchConfig {
+        // At most GRID_STRIDE_MAX_BLOCKS: fits.
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (GRID_STRIDE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A kernel argument before its view is made: a [`Tensor`] (`&tensor`), whose view keeps a
+/// clone of its owner until the launch's work is done, or a borrowed tensor
+/// ([`KernelTensor::borrowed`]), whose view keeps nothing: the caller retires the owners of a
+/// whole call at once ([`tensorbridge_cuda::retire_all_on`], one event for all of them).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelTensor<'t> {
+    tensor: TensorRef<'t>,
+    owner: Option<&'t Owner>,
+}
+
+impl<'t> From<&'t Tensor> for KernelTensor<'t> {
+    fn from(tensor: &'t Tensor) -> KernelTensor<'t> {
+        KernelTensor {
+            tensor: tensor.as_ref(),
+            owner: Some(tensor.owner()),
+        }
+    }
+}
+
+impl<'t> KernelTensor<'t> {
+    /// A borrowed tensor as a kernel argument: its view neither holds nor retires an owner.
+    ///
+    /// # Safety
+    /// The launch's work runs on the device after the host code returns; the borrow ends with
+    /// `'t`. The caller guarantees:
+    /// 1. \[device-life\] the memory stays valid until the work enqueued on the kernel's
+    ///    stream before the view is dropped has finished on the device: its owner is retired
+    ///    on that stream after the launches ([`tensorbridge_cuda::retire_all_on`]), or its
+    ///    allocator orders every reuse of it after that stream's work (PyTorch's caching
+    ///    allocator does for a tensor whose current stream is the kernel's).
+    pub unsafe fn borrowed(tensor: TensorRef<'t>) -> KernelTensor<'t> {
+        KernelTensor {
+            tensor,
+            owner: None,
+        }
+    }
+
+    /// The tensor.
+    pub fn tensor(&self) -> TensorRef<'t> {
+        self.tensor
+    }
+
+    /// How its view releases the memory.
+    fn release(&self) -> Release {
+        match self.owner {
+            Some(owner) => Release::Retire(owner.clone()),
+            None => Release::Nothing,
+        }
     }
 }
 
@@ -128,21 +225,24 @@ struct Taken {
 ///
 /// Each view is made as [`view`](crate::view) makes it: on the stream's device, of the
 /// kernel's element type, with the stream ordered after the tensor's producer (no host
-/// wait), and its owner kept until the stream's work is done when the view drops.
+/// wait). A `&Tensor` argument's owner is kept until the stream's work is done when the view
+/// drops; a borrowed one ([`KernelTensor::borrowed`]) keeps nothing, its caller retiring the
+/// owners of the whole call with one event.
 ///
 /// ```no_run
 /// # fn demo(x: &tensorbridge::Tensor, y: &tensorbridge::Tensor, f: &cudarc::driver::CudaFunction,
 /// #         stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), tensorbridge_cudarc::Error> {
-/// use cudarc::driver::{LaunchConfig, PushKernelArg};
+/// use cudarc::driver::PushKernelArg;
 /// let args = tensorbridge_cudarc::KernelArgs::new(stream);
 /// let xv = args.input::<f32>(x)?;
 /// let mut yv = args.output::<f32>(y)?; // refused if `y` overlaps `x` or itself
-/// let (lx, ly, n) = (xv.layout()?, yv.layout()?, yv.numel() as i64);
-/// // SAFETY: `f` is `(const float*, tb_layout, float*, tb_layout, long long)`, reads and
-/// // writes element offsets that `tb_offset` computes for `i < n`, on the views' stream.
+/// let (lx, ly, n) = (xv.layout()?, yv.layout()?, yv.numel());
+/// // SAFETY: `f` is `(const float*, tb_layout, float*, tb_layout, long long)`, a grid-stride
+/// // loop over `i < n` that reads and writes the element offsets `tb_offset` computes, on the
+/// // views' stream.
 /// unsafe {
-///     stream.launch_builder(f).arg(&xv).arg(&lx).arg(&mut yv).arg(&ly).arg(&n)
-///         .launch(LaunchConfig::for_num_elems(n as u32))?
+///     stream.launch_builder(f).arg(&xv).arg(&lx).arg(&mut yv).arg(&ly).arg(&(n as i64))
+///         .launch(tensorbridge_cudarc::grid_stride(n))?
 /// };
 /// # Ok(()) }
 /// ```
@@ -165,11 +265,11 @@ impl<'s> KernelArgs<'s> {
         self.stream
     }
 
-    /// A read-only view of `tensor`, the next argument, refused if it overlaps an output
-    /// ([`tensorbridge::Error::Aliased`]).
+    /// A read-only view of `tensor` (a `&Tensor`, or a [`KernelTensor::borrowed`]), the next
+    /// argument, refused if it overlaps an output ([`tensorbridge::Error::Aliased`]).
     pub fn input<'t, T: CudaElement>(
         &self,
-        tensor: &'t Tensor,
+        tensor: impl Into<KernelTensor<'t>>,
     ) -> Result<DeviceView<'t, T>, Error> {
         // Not `self.input_at(self.taken.borrow().len(), ..)`: the borrow would live until the
         // end of that statement, across `record`'s `borrow_mut`.
@@ -182,16 +282,18 @@ impl<'s> KernelArgs<'s> {
     pub fn input_at<'t, T: CudaElement>(
         &self,
         position: usize,
-        tensor: &'t Tensor,
+        tensor: impl Into<KernelTensor<'t>>,
     ) -> Result<DeviceView<'t, T>, Error> {
-        self.check(tensor.descriptor(), false, position)?;
-        let view = make_view(tensor, self.stream, Release::Retire)?;
-        self.record(tensor.descriptor(), false, position);
+        let arg = tensor.into();
+        let desc = arg.tensor.descriptor();
+        self.check(desc, false, position)?;
+        let view = make_view(arg.tensor, self.stream, arg.release())?;
+        self.record(desc, false, position);
         Ok(view)
     }
 
-    /// A writable view of `tensor`, the next argument: read-write
-    /// ([`tensorbridge::Error::ReadOnly`]), free of self-overlap
+    /// A writable view of `tensor` (a `&Tensor`, or a [`KernelTensor::borrowed`]), the next
+    /// argument: read-write ([`tensorbridge::Error::ReadOnly`]), free of self-overlap
     /// ([`tensorbridge::Error::SelfOverlap`]) and disjoint from every other argument
     /// ([`tensorbridge::Error::Aliased`]; those made before it are checked here, those made
     /// after it against it).
@@ -204,7 +306,7 @@ impl<'s> KernelArgs<'s> {
     /// device, never a data race in host memory.
     pub fn output<'t, T: CudaElement>(
         &self,
-        tensor: &'t Tensor,
+        tensor: impl Into<KernelTensor<'t>>,
     ) -> Result<DeviceViewMut<'t, T>, Error> {
         let position = self.taken.borrow().len(); // as in `input`
         self.output_at(position, tensor)
@@ -214,15 +316,17 @@ impl<'s> KernelArgs<'s> {
     pub fn output_at<'t, T: CudaElement>(
         &self,
         position: usize,
-        tensor: &'t Tensor,
+        tensor: impl Into<KernelTensor<'t>>,
     ) -> Result<DeviceViewMut<'t, T>, Error> {
-        if tensor.is_readonly() {
+        let arg = tensor.into();
+        let desc = arg.tensor.descriptor();
+        if desc.is_readonly() {
             return Err(tensorbridge::Error::ReadOnly.into());
         }
-        tensor.layout().check(Constraint::NonOverlapping)?;
-        self.check(tensor.descriptor(), true, position)?;
-        let view = make_view(tensor, self.stream, Release::Retire)?;
-        self.record(tensor.descriptor(), true, position);
+        desc.layout().check(Constraint::NonOverlapping)?;
+        self.check(desc, true, position)?;
+        let view = make_view(arg.tensor, self.stream, arg.release())?;
+        self.record(desc, true, position);
         Ok(DeviceViewMut::from_view(view))
     }
 
@@ -245,95 +349,4 @@ impl<'s> KernelArgs<'s> {
             position,
         });
     }
-}
-
-/// Whether libnvrtc can be loaded (asked once per process).
-pub fn nvrtc_present() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: loads (and unloads) libnvrtc by name to see whether it exists, running its
-    // initialisers, as cudarc does on first use of NVRTC; nothing of it is called.
-    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
-}
-
-/// Modules compiled so far: (context, source address and length) -> module.
-type ModuleCache = Mutex<HashMap<(usize, usize, usize), Arc<CudaModule>>>;
-
-/// The kernel `name` of the CUDA C++ source `src` (after [`KERNEL_LAYOUT_CUDA`], so
-/// `tb_layout` and `tb_offset` are declared), for launches on `stream`: compiled with
-/// NVRTC and loaded into the stream's context on first use, then taken from a cache (one
-/// module per context and source: a `&'static str`, so the cache never outlives it). The
-/// lookup is one lock and a hash of three integers.
-///
-/// Never panics: [`Error::NoNvrtc`] without libnvrtc, [`Error::Compile`] with NVRTC's log
-/// for a source that does not compile (or holds a NUL byte), the CUDA layer's errors for
-/// the driver (no driver, a failing module load, an unknown kernel name).
-pub fn kernel(
-    stream: &Arc<CudaStream>,
-    src: &'static str,
-    name: &'static str,
-) -> Result<CudaFunction, Error> {
-    if !tensorbridge_cuda::driver_present() {
-        return Err(tensorbridge_cuda::Error::NoDriver.into());
-    }
-    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
-    let ctx: &Arc<CudaContext> = stream.context();
-    let key = (
-        ctx.cu_ctx() as usize,
-        src.as_ptr().expose_provenance(),
-        src.len(),
-    );
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let cached = cache
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&key)
-        .cloned();
-    let module = match cached {
-        Some(m) => m,
-        None => {
-            let m = compile(ctx, src, name)?;
-            cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(key)
-                .or_insert(m)
-                .clone()
-        }
-    };
-    let _restore = tensorbridge_cuda::ContextGuard::save()?;
-    module
-        .load_function(name)
-        .map_err(|e| tensorbridge_cuda::Error::driver("cuModuleGetFunction", e).into())
-}
-
-/// NVRTC, then the module into `ctx`.
-fn compile(ctx: &Arc<CudaContext>, src: &str, name: &str) -> Result<Arc<CudaModule>, Error> {
-    let ptx = ptx(&format!("{KERNEL_LAYOUT_CUDA}{src}"), name)?;
-    let _restore = tensorbridge_cuda::ContextGuard::save()?;
-    ctx.load_module(ptx)
-        .map_err(|e| tensorbridge_cuda::Error::driver("cuModuleLoadData", e).into())
-}
-
-/// `src` compiled to PTX by NVRTC (no driver needed), what [`kernel`] loads; `name` is the
-/// kernel the errors name. [`Error::NoNvrtc`] without libnvrtc (cudarc would panic),
-/// [`Error::Compile`] with NVRTC's log.
-pub fn ptx(src: &str, name: &str) -> Result<cudarc::nvrtc::Ptx, Error> {
-    if !nvrtc_present() {
-        return Err(Error::NoNvrtc);
-    }
-    if src.contains('\0') || name.contains('\0') {
-        return Err(Error::Compile {
-            name: name.to_owned(),
-            log: "the source or the kernel name holds a NUL byte".to_owned(),
-        });
-    }
-    cudarc::nvrtc::compile_ptx(src).map_err(|e| Error::Compile {
-        name: name.to_owned(),
-        log: match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                log.to_string_lossy().into_owned()
-            }
-            other => format!("{other:?}"),
-        },
-    })
 }

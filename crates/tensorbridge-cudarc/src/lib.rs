@@ -9,7 +9,7 @@
 //! | `&CudaSlice`, `&CudaView` -> tensor, lent for a scope | [`lend`], [`lend_shaped`] | zero-copy, read-only | as above; at the scope's end the slice's stream waits for every view's stream |
 //! | `&mut CudaSlice`, `&mut CudaViewMut` -> tensor, lent for a scope | the same | zero-copy, read-write | as above, after pending reads too |
 //! | any CUDA [`Tensor`] -> cudarc launch argument, borrowed | [`view`], `unsafe` [`view_mut`] | zero-copy | the view's stream waits (on the GPU) for the tensor's [`Ready`] |
-//! | a kernel's arguments, checked | [`KernelArgs::input`], [`KernelArgs::output`] (safe: outputs refused when they overlap themselves or any other argument), [`KernelLayout`] (shape and strides as a kernel argument), [`kernel`] (NVRTC, cached per context) | zero-copy | as for [`view`] |
+//! | a kernel's arguments, checked | [`KernelArgs::input`], [`KernelArgs::output`] (safe: outputs refused when they overlap themselves or any other argument; a `&Tensor`, or a borrowed tensor whose owner the caller retires), [`KernelLayout`] (shape and strides as a kernel argument), [`grid_stride`] (a launch for any number of elements), [`kernel`], [`kernel_with`], [`Kernel`] (NVRTC for the device's architecture, loaded functions cached per context) | zero-copy | as for [`view`] |
 //!
 //! A slice whose stream is a per-thread default stream, or belongs to a non-primary context,
 //! gets a [`CudaSignal`](tensorbridge_cuda::CudaSignal) recorded on that stream instead of a
@@ -54,8 +54,8 @@
 //!   [`import`] gives the slice back ([`ImportError::into_inner`]).
 //! - **Views** ([`view`]) borrow the tensor, so its owner outlives them on the host; when a
 //!   view is dropped, a clone of the owner is kept until the device has finished the work
-//!   enqueued on the view's stream so far ([`tensorbridge_cuda::retire_on`], released by
-//!   the next [`view`] or [`tensorbridge_cuda::reclaim`]). So memory is never freed under a
+//!   enqueued on the view's stream so far ([`tensorbridge_cuda::retire_on`], released by the
+//!   CUDA layer's reaper soon after that work ends). So memory is never freed under a
 //!   running kernel, whatever the owner is (a DLPack deleter, a Python object, a cudarc
 //!   slice). A view that is `mem::forget`-ten keeps its owner clone forever: a leak, never a
 //!   use after free.
@@ -94,6 +94,25 @@
 //! the kernel, and [`kernel`] compiles the source with NVRTC once per context. The launch
 //! itself is the one `unsafe` block left.
 //!
+//! # NVRTC
+//! [`kernel`] compiles with NVRTC for the device's own architecture ([`Arch::Device`]: a
+//! CUBIN the driver loads as it is; PTX for the newest architecture NVRTC knows when it does
+//! not know the device yet), with the options of [`CompileOptions`] (`-D` defines, include
+//! paths, fast math, any other), and takes C++ templates by name expression
+//! (`"scale<float>"`). The cache is keyed by the source's contents, the options, the name
+//! and the context, and holds loaded functions: after the first call, a lookup and no driver
+//! call (a `static` [`Kernel`] skips hashing the source too). libnvrtc is searched once per
+//! process, in this order ([`nvrtc_path`] says what was found):
+//! 1. a libnvrtc the process has already mapped (PyTorch, CuPy or JAX loaded theirs);
+//! 2. `TENSORBRIDGE_NVRTC`, the path of a libnvrtc file, when set;
+//! 3. `nvidia/cu13/lib` and `nvidia/cuda_nvrtc/lib` (the pip wheels) in every
+//!    `site-packages` a mapped library lives in (the extension module itself, CuPy's,
+//!    jaxlib's), then under `$VIRTUAL_ENV` and `$CONDA_PREFIX`;
+//! 4. `$CUDA_HOME` and `$CUDA_PATH` (`lib64`, `lib`), then `/usr/local/cuda/lib64`;
+//! 5. the loader's own search by name (`LD_LIBRARY_PATH`, rpath, `ldconfig`).
+//!
+//! Names `libnvrtc.so.13`, `libnvrtc.so.12`, `libnvrtc.so`, in that order, in each place.
+//!
 //! # Contexts
 //! Like the CUDA layer, every function of this crate leaves the calling thread's current
 //! context as it found it, although the cudarc calls it makes bind their own.
@@ -111,24 +130,29 @@
 //! - A lent buffer cannot be used on a stream being captured into a CUDA graph
 //!   ([`Error::LentToCapture`]): the borrow ends with the scope, before any replay. Imported
 //!   slices can: a view dropped on a capturing stream keeps the owner as long as the graph.
-//! - [`KernelLayout`] holds at most [`MAX_KERNEL_RANK`] (8) dimensions. [`kernel`] compiles
-//!   for NVRTC's default architecture (PTX, JIT-compiled by the driver for the device) with
-//!   no options, and caches by the source's address: pass a `static` source.
+//! - [`KernelLayout`] holds at most [`MAX_KERNEL_RANK`] (8) dimensions.
+//! - A compiled kernel stays loaded (and its context retained) for the life of the process,
+//!   one module per source, options and context (and per template instance).
 //! - The CUDA layer's limitations apply ([`tensorbridge_cuda`]'s crate docs).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod compile;
 mod dtype;
 mod error;
 mod kernel;
+mod nvrtc;
 mod slice;
 mod view;
 
+pub use compile::{Arch, CompileOptions, Kernel, kernel, kernel_with, ptx, ptx_with};
 pub use dtype::CudaElement;
 pub use error::{Error, ImportError};
 pub use kernel::{
-    KERNEL_LAYOUT_CUDA, KernelArgs, KernelLayout, MAX_KERNEL_RANK, kernel, nvrtc_present, ptx,
+    GRID_STRIDE_BLOCK, GRID_STRIDE_MAX_BLOCKS, KERNEL_LAYOUT_CUDA, KernelArgs, KernelLayout,
+    KernelTensor, MAX_KERNEL_RANK, grid_stride,
 };
+pub use nvrtc::{nvrtc_path, nvrtc_present, nvrtc_version};
 pub use slice::{
     Lent, Source, check_fits, import, import_shaped, lend, lend_shaped, try_into_slice,
 };

@@ -293,7 +293,7 @@ impl<S: Source> Lent<S> {
     /// buffer's stream is made to wait for `stream`'s work when the scope ends.
     pub fn view(&self, stream: &Arc<CudaStream>) -> Result<DeviceView<'_, S::Elem>, Error> {
         refuse_capture(stream)?;
-        let view = make_view(&self.tensor, stream, Release::Nothing)?;
+        let view = make_view(self.tensor.as_ref(), stream, Release::Nothing)?;
         self.consumer(stream);
         Ok(view)
     }
@@ -312,7 +312,7 @@ impl<S: Source> Lent<S> {
         }
         refuse_capture(stream)?;
         self.consumer(stream);
-        make_view(&self.tensor, stream, Release::Nothing).map(DeviceViewMut::from_view)
+        make_view(self.tensor.as_ref(), stream, Release::Nothing).map(DeviceViewMut::from_view)
     }
 
     /// Remembers `stream` for the join at the end of the scope.

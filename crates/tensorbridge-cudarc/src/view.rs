@@ -6,19 +6,20 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchArgs, PushKernelArg, sys};
-use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor};
+use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor, TensorRef};
 
-use tensorbridge_cuda::{make_ready_on, ready_on, reclaim, retire_on, stream_of};
+use tensorbridge_cuda::{make_ready_on, ready_on, retire_on, stream_of};
 
 use crate::{CudaElement, Error};
 
 /// What a view does for its memory when dropped.
 pub(crate) enum Release {
-    /// Keep a clone of the tensor's owner until the device has finished the work enqueued on
-    /// the view's stream so far ([`tensorbridge_cuda::reclaim`]).
-    Retire,
-    /// Nothing: the memory is borrowed, and the scope that holds the borrow orders its next
-    /// use after the view's stream ([`crate::lend`]).
+    /// Keep this clone of the tensor's owner until the device has finished the work enqueued
+    /// on the view's stream so far ([`tensorbridge_cuda::retire_on`]).
+    Retire(Owner),
+    /// Nothing: the memory is borrowed, and whoever holds the borrow orders its release after
+    /// the view's stream (the scope of [`crate::lend`]; the caller of
+    /// [`KernelTensor::borrowed`](crate::KernelTensor::borrowed)).
     Nothing,
 }
 
@@ -39,12 +40,12 @@ enum Guard {
 ///
 /// The view borrows the tensor, so the tensor (and its owner) outlives it on the host. When
 /// it is dropped, the memory is kept alive on the device too: a clone of the owner is held
-/// until the work enqueued on the view's stream so far has finished ([`tensorbridge_cuda::reclaim`]).
+/// until the work enqueued on the view's stream so far has finished ([`tensorbridge_cuda::retire_on`]).
 /// (Views of a [`Lent`](crate::Lent) buffer leave that to the end of the
 /// [`lend`](crate::lend) scope.)
 pub struct DeviceView<'t, T> {
     ptr: sys::CUdeviceptr,
-    tensor: &'t Tensor,
+    desc: &'t Descriptor,
     stream: Arc<CudaStream>,
     guard: Guard,
     _elem: PhantomData<&'t [T]>,
@@ -65,9 +66,8 @@ pub struct DeviceViewMut<'t, T> {
 /// A read-only view of `tensor` for cudarc launches on `stream`.
 ///
 /// Checks that the memory is CUDA device memory on the stream's device (or managed memory),
-/// and that `T` is the tensor's dtype; then reclaims finished owners ([`tensorbridge_cuda::reclaim`]) and
-/// enqueues on `stream` the GPU-side wait for the tensor's readiness
-/// ([`make_ready_on`](tensorbridge_cuda::make_ready_on)). Never blocks the host (but see
+/// and that `T` is the tensor's dtype; then enqueues on `stream` the GPU-side wait for the
+/// tensor's readiness ([`make_ready_on`](tensorbridge_cuda::make_ready_on)). Never blocks the host (but see
 /// there for signals of other adapters).
 ///
 /// Safe: `stream` is a cudarc stream, live by construction, and the tensor's own readiness
@@ -88,7 +88,11 @@ pub fn view<'t, T: CudaElement>(
     tensor: &'t Tensor,
     stream: &Arc<CudaStream>,
 ) -> Result<DeviceView<'t, T>, Error> {
-    make_view(tensor, stream, Release::Retire)
+    make_view(
+        tensor.as_ref(),
+        stream,
+        Release::Retire(tensor.owner().clone()),
+    )
 }
 
 /// A writable view of `tensor` for cudarc launches on `stream`; the checks and the wait of
@@ -108,12 +112,17 @@ pub unsafe fn view_mut<'t, T: CudaElement>(
     if tensor.is_readonly() {
         return Err(tensorbridge::Error::ReadOnly.into());
     }
-    make_view(tensor, stream, Release::Retire).map(DeviceViewMut::from_view)
+    make_view(
+        tensor.as_ref(),
+        stream,
+        Release::Retire(tensor.owner().clone()),
+    )
+    .map(DeviceViewMut::from_view)
 }
 
 /// The checks, the wait and the view; `release` says how the memory outlives the GPU work.
 pub(crate) fn make_view<'t, T: CudaElement>(
-    tensor: &'t Tensor,
+    tensor: TensorRef<'t>,
     stream: &Arc<CudaStream>,
     release: Release,
 ) -> Result<DeviceView<'t, T>, Error> {
@@ -139,16 +148,15 @@ pub(crate) fn make_view<'t, T: CudaElement>(
         }
         .into());
     }
-    reclaim();
     make_ready_on(tensor, stream)?;
     let guard = match release {
-        Release::Retire => Guard::Retire(Some(tensor.owner().clone())),
+        Release::Retire(owner) => Guard::Retire(Some(owner)),
         Release::Nothing => Guard::Nothing,
     };
     Ok(DeviceView {
         // A device address fits in 64 bits on every target cudarc supports.
         ptr: tensor.data_ptr() as sys::CUdeviceptr,
-        tensor,
+        desc: tensor.descriptor(),
         stream: stream.clone(),
         guard,
         _elem: PhantomData,
@@ -168,22 +176,22 @@ impl<'t, T> DeviceView<'t, T> {
 
     /// The tensor's description (shape, strides, dtype, device...).
     pub fn descriptor(&self) -> &'t Descriptor {
-        self.tensor.descriptor()
+        self.desc
     }
 
     /// Extents.
     pub fn shape(&self) -> &'t [i64] {
-        self.tensor.shape()
+        self.desc.shape()
     }
 
     /// Strides in units of elements, as a kernel indexes `ptr[i * stride]`.
     pub fn strides_elems(&self) -> &'t [i64] {
-        self.tensor.strides_elems()
+        self.desc.strides_elems()
     }
 
     /// Number of elements.
     pub fn numel(&self) -> u64 {
-        self.tensor.numel()
+        self.desc.numel()
     }
 
     /// Where the data is ready once the work enqueued on the view's stream so far has run:
@@ -237,7 +245,7 @@ impl<'t, T> DeviceViewMut<'t, T> {
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView {
             ptr: self.inner.ptr,
-            tensor: self.inner.tensor,
+            desc: self.inner.desc,
             stream: self.inner.stream.clone(),
             guard: Guard::Nothing,
             _elem: PhantomData,
@@ -258,7 +266,7 @@ impl<T> fmt::Debug for DeviceView<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceView")
             .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("desc", self.tensor.descriptor())
+            .field("desc", self.desc)
             .field("stream", &stream_of(&self.stream))
             .finish_non_exhaustive()
     }

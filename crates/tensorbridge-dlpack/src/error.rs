@@ -4,7 +4,7 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use dlpark::ManagedTensorBase;
-use tensorbridge::DType;
+use tensorbridge::{DType, Device};
 
 use crate::import::ManagedOwner;
 
@@ -57,6 +57,25 @@ pub enum Error {
     UnknownFlags {
         /// The whole `flags` field found.
         flags: u64,
+    },
+    /// One of this crate's own exports, edited after it was handed out (through ctypes,
+    /// say) to describe memory outside what it lent.
+    #[error(
+        "a DLPack export of tensorbridge's own was edited to reach bytes {found_lo:#x}..{found_hi:#x} on {found_device}, outside the bytes {lent_lo:#x}..{lent_hi:#x} on {lent_device} it lent (expected a description inside what was exported)"
+    )]
+    EditedExport {
+        /// The device the edited struct names.
+        found_device: Device,
+        /// The first byte it reaches.
+        found_lo: usize,
+        /// One past the last byte it reaches.
+        found_hi: usize,
+        /// The device of the exported tensor.
+        lent_device: Device,
+        /// The first byte the export lent.
+        lent_lo: usize,
+        /// One past the last byte it lent.
+        lent_hi: usize,
     },
     /// Export of a read-only tensor as a legacy managed tensor, which has no flag to say so,
     /// without [`ReadOnlyPolicy::Discard`](crate::ReadOnlyPolicy::Discard).

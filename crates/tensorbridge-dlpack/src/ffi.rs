@@ -6,7 +6,6 @@
 //! target, the parts of that layout this crate's code relies on.
 
 use std::mem::{MaybeUninit, offset_of, size_of};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use std::ffi::c_void;
 use std::ptr::{self, NonNull};
@@ -54,6 +53,9 @@ pub(crate) struct ExportCtx<M> {
     /// this crate exports ([`Exportable::VERSION`]). Never mutated, moved (the box does not
     /// move) or handed out while the context lives.
     pub(crate) imported: Imported,
+    /// The token of the span this export lends read-only ([`crate::lent`]), if it does:
+    /// unregistered when the export is deleted or taken back.
+    pub(crate) lent: Option<u64>,
 }
 
 /// Ranks up to this keep the shown shape and strides inside the export's box; larger ranks
@@ -150,6 +152,10 @@ impl<M: Exportable> ExportCtx<M> {
         // only reference into it, and nothing writes it until `delete_export`.
         let kept: &Tensor = unsafe { &(*imported).tensor };
         // SAFETY: `ctx` is live: the projection stays in bounds.
+        let lent = unsafe { &raw mut (*ctx).lent };
+        // SAFETY: aligned, uninitialised and ours alone: written once.
+        unsafe { lent.write(crate::lent::register(kept.descriptor())) };
+        // SAFETY: `ctx` is live: the projection stays in bounds.
         let shown = unsafe { &raw mut (*ctx).shown };
         // SAFETY: valid for writes, uninitialised, and never moved (the box does not move)
         // until `delete_export` or `OwnExport::into_imported` drops it in place.
@@ -214,9 +220,9 @@ unsafe fn write_kept(place: *mut Imported, tensor: &Tensor, version: Option<DLPa
 /// The deleter of every managed tensor we export: frees the context, which drops the owner
 /// clone (and with it the exported memory, if that was the last user).
 ///
-/// Never unwinds into the consumer: if dropping the owner panics (owners must not: a
-/// panicking drop is a bug) the process aborts here, which is also what Rust does for any panic that
-/// reaches an `extern "C"` boundary.
+/// Never unwinds into the consumer, and never aborts: if dropping the owner panics (owners
+/// must not: a panicking drop is a bug), the panic is caught and reported, and what was left
+/// to release leaks (`tensorbridge::callback`, the one policy for such entries).
 ///
 /// # Safety
 /// 1. `managed` is null, or a pointer that [`crate::export_versioned`] or
@@ -231,9 +237,14 @@ pub(crate) unsafe extern "C" fn delete_export<M>(managed: *mut M) {
     // box's own pointer, with the box's provenance), and this is the one call that turns
     // it back into a box: DLPack deleters run exactly once.
     let boxed = unsafe { Box::from_raw(ctx) };
-    if catch_unwind(AssertUnwindSafe(move || drop(boxed))).is_err() {
-        std::process::abort();
+    if let Some(token) = boxed.lent {
+        crate::lent::unregister(token);
     }
+    tensorbridge::callback::foreign_entry(
+        "a DLPack deleter (tensorbridge-dlpack)",
+        (),
+        move || drop(boxed),
+    );
 }
 
 /// The two managed structs we export, each with the mark its exports carry.
@@ -354,6 +365,37 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
     NonNull::new(ctx).map(OwnExport)
 }
 
+/// What one of our own exports lent: the kept tensor's device, the bytes it spans, and
+/// whether it was lent read-only.
+pub(crate) struct Extent {
+    pub(crate) device: tensorbridge::Device,
+    pub(crate) span: std::ops::Range<usize>,
+    pub(crate) readonly: bool,
+}
+
+/// The [`Extent`] of `managed` when it is one of our own exports (its `manager_ctx` holds our
+/// mark), whatever its other fields say now: a consumer may have edited them (through ctypes,
+/// say), and an edited export of ours is checked against what we know we lent.
+///
+/// # Safety
+/// 1. As [`take_own_export`]'s obligation 1; the struct is not consumed.
+pub(crate) unsafe fn own_extent<M: Exportable>(managed: NonNull<M>) -> Option<Extent> {
+    // SAFETY: live and readable (obligation 1); the reference ends here.
+    let m = unsafe { managed.as_ref() };
+    if m.manager_ctx() != M::mark() {
+        return None;
+    }
+    let ctx = managed.as_ptr().cast::<ExportCtx<M>>();
+    // SAFETY: marked: an `ExportCtx<M>` at this address whose deleter has not run (as in
+    // `take_own_export`); the kept tensor is ours and unchanged; the reference ends here.
+    let kept = unsafe { &(*ctx).imported.tensor };
+    Some(Extent {
+        device: kept.device(),
+        span: kept.byte_span(),
+        readonly: kept.is_readonly(),
+    })
+}
+
 /// Whether two managed structs hold the same value in every field (pointers compared by
 /// address, the deleter too: both sides are copies of the one value the export wrote).
 fn same_fields<M: ManagedTensorBase>(a: &M, b: &M) -> bool {
@@ -389,6 +431,10 @@ impl<M> OwnExport<M> {
         // SAFETY: initialised and owned (above); moved out once, straight into the caller's
         // place, and never dropped in the box (below).
         let imported = unsafe { slot.read() };
+        // SAFETY: live and initialised (above); a plain `Option<u64>`.
+        if let Some(token) = unsafe { (*ctx).lent } {
+            crate::lent::unregister(token);
+        }
         // SAFETY: live (above): the projection stays in bounds.
         let shown = unsafe { &raw mut (*ctx).shown };
         // SAFETY: initialised and owned, dropped once here, in place (it frees the spilled

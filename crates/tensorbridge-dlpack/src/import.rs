@@ -11,7 +11,7 @@ use crate::Error;
 use crate::error::ImportError;
 use crate::ffi::{
     DLManagedTensor, DLManagedTensorVersioned, DLPACK_MAJOR_VERSION, DLPackVersion, DLTensor,
-    DlpackFlags, take_own_export,
+    DlpackFlags, Extent, own_extent, take_own_export,
 };
 
 /// A successful import: the tensor, and what the producer said about it besides its layout.
@@ -116,6 +116,8 @@ pub unsafe fn import_versioned(
         // The version exported, checked equal to `version` by `take_own_export`.
         return Ok(own.into_imported());
     }
+    // SAFETY: as above; the struct is only read.
+    let extent = unsafe { own_extent(managed) };
     let owner = ManagedOwner(managed);
     // SAFETY: major version 1: the whole struct is a live `DLManagedTensorVersioned` whose
     // fields do not change until the deleter runs (obligation 1); the reference does not
@@ -140,6 +142,7 @@ pub unsafe fn import_versioned(
         let strides_required = (version.minor >= 2).then_some(version);
         // SAFETY: `m.dl_tensor` is the tensor of a live managed tensor (obligation 1).
         unsafe { describe(&m.dl_tensor, strides_required, access, packing) }
+            .and_then(|desc| within(desc, extent.as_ref()))
     };
     match result {
         Ok(desc) => Ok(Imported {
@@ -157,7 +160,8 @@ pub unsafe fn import_versioned(
 ///
 /// A legacy struct has no flags, so the caller says whether consumers may write through the
 /// tensor: pass [`Access::ReadOnly`] unless the producer is known to allow writes (NumPy
-/// imports legacy capsules read-only for that reason). Sub-byte data is packed, null
+/// imports legacy capsules read-only for that reason). One of this crate's own exports is
+/// known: it comes back with the access it was exported with, whatever `access` says. Sub-byte data is packed, null
 /// `strides` mean compact row-major, and the tensor is validated through the core's
 /// [`RawTensor::validate`].
 ///
@@ -179,25 +183,31 @@ pub unsafe fn import_legacy(
     managed: NonNull<DLManagedTensor>,
     access: Access,
 ) -> Result<Imported, ImportError<DLManagedTensor>> {
-    // Our own export comes back as it left, made read-only if the caller asks; a read-only
-    // export that the caller calls writable takes the general way, as from any producer.
-    let wanted = |t: &Tensor| access == Access::ReadOnly || !t.is_readonly();
+    // Our own export comes back as it left, with the access it was exported with: this crate
+    // is its producer and knows what it lent, which the caller's `access` (what it knows of
+    // an unknown producer) cannot widen or need narrow.
     // SAFETY: a live, readable `DLManagedTensor` that we own (obligations 1 and 2); on
     // `None` we still own it.
-    if let Some(own) = unsafe { take_own_export(managed, wanted) } {
+    if let Some(own) = unsafe { take_own_export(managed, |_| true) } {
         // Unversioned and not copied, as the legacy export left it.
-        let mut imported = own.into_imported();
-        if access == Access::ReadOnly {
-            imported.tensor = imported.tensor.into_readonly();
-        }
-        return Ok(imported);
+        return Ok(own.into_imported());
     }
+    // SAFETY: as above; the struct is only read.
+    let extent = unsafe { own_extent(managed) };
+    // An edited export of ours: the access it lent (`within` checks the rest).
+    let access = match &extent {
+        Some(extent) if extent.readonly => Access::ReadOnly,
+        Some(_) => Access::ReadWrite,
+        None => access,
+    };
     let owner = ManagedOwner(managed);
     // SAFETY: a live `DLManagedTensor` whose fields do not change until the deleter runs
     // (obligation 1); the reference ends with this function, before `owner` can release it.
     let m = unsafe { managed.as_ref() };
     // SAFETY: `m.dl_tensor` is the tensor of a live managed tensor (obligation 1).
-    match unsafe { describe(&m.dl_tensor, None, access, Packing::Packed) } {
+    match unsafe { describe(&m.dl_tensor, None, access, Packing::Packed) }
+        .and_then(|desc| within(desc, extent.as_ref()))
+    {
         Ok(desc) => Ok(Imported {
             // SAFETY: obligation 3, as in `import_versioned`.
             tensor: unsafe { owner.into_tensor(desc) },
@@ -205,6 +215,41 @@ pub unsafe fn import_legacy(
             version: None,
         }),
         Err(error) => Err(ImportError::given_back(error, owner)),
+    }
+}
+
+/// What a general import may hand out for `desc`, checked against what we know we lent:
+/// - one of our own exports that a consumer edited (`extent`) may describe only bytes inside
+///   the exported tensor's span, on its device, and no wider access than it had
+///   ([`Error::EditedExport`]);
+/// - any other producer's tensor that overlaps one of our live read-only exports comes back
+///   read-only (a consumer that dropped the flag and handed the memory on: [`crate::lent`]).
+fn within(desc: Descriptor, extent: Option<&Extent>) -> Result<Descriptor, Error> {
+    match extent {
+        Some(extent) => {
+            let span = desc.byte_span();
+            let inside = desc.numel() == 0
+                || (desc.device() == extent.device
+                    && extent.span.start <= span.start
+                    && span.end <= extent.span.end);
+            if !inside {
+                return Err(Error::EditedExport {
+                    found_device: desc.device(),
+                    found_lo: span.start,
+                    found_hi: span.end,
+                    lent_device: extent.device,
+                    lent_lo: extent.span.start,
+                    lent_hi: extent.span.end,
+                });
+            }
+            Ok(if extent.readonly {
+                desc.to_readonly()
+            } else {
+                desc
+            })
+        }
+        None if crate::lent::overlaps_readonly(&desc) => Ok(desc.to_readonly()),
+        None => Ok(desc),
     }
 }
 

@@ -86,6 +86,7 @@ mod error;
 mod export;
 pub mod ffi;
 mod import;
+mod lent;
 
 pub use error::{Error, ImportError};
 pub use export::{ReadOnlyPolicy, borrowed_dltensor, export_legacy, export_versioned};

@@ -3,21 +3,25 @@
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through
-//!   [`AnyTensor`].
+//!   [`TensorArg`] (borrowed for the call).
 //! - `ramp(n)`: a cudarc buffer holding `0..n` handed to Python zero-copy as a
 //!   `tensorbridge.View`; consumers' streams wait for cudarc's on the GPU.
 //! - `axpy(alpha, x, y)`: `y += alpha * x` in place, by our own CUDA kernel (NVRTC), on
 //!   PyTorch, CuPy or JAX tensors of any layout, on the producer framework's current stream
 //!   ([`tensorbridge_pyo3::kernel_call`]). The README's recipe "Your own CUDA kernel on
 //!   PyTorch tensors".
+//! - `axpy_on(alpha, x, y, stream)`: the same on a stream the caller chose
+//!   ([`tensorbridge_pyo3::kernel_call_on`]).
+//! - `add_transposed(a, b, out)`: `out = a + b.T`, a strided 2-D kernel (a 2-D grid, strides
+//!   read from `tb_layout`), the second kernel recipe.
 //! - `axpy_ptr(alpha, x_ptr, y_ptr, n, stream)`: the same kernel on contiguous float32
 //!   device pointers and a stream handle extracted beforehand, nothing checked or ordered:
 //!   the benchmark's floor (`benches/python/compare.py`), not an API to copy.
-//! - `nop3(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three tensors of any framework
-//!   taken as [`AnyTensor`] (imported, validated, their owners held for the call) and their
-//!   total element count returned; the same with no argument; the same three through
-//!   dlpark 0.10's own PyO3 import. The per-call benchmark's subjects
-//!   (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
+//! - `nop3(x, y, z)` / `nop3_owned(x, y, z)` / `empty()` / `dlpark_nop3(x, y, z)`: three
+//!   tensors of any framework taken as [`TensorArg`] (imported, validated, borrowed for the
+//!   call) or as [`AnyTensor`] (owned), and their total element count returned; the same with
+//!   no argument; the same three through dlpark 0.10's own PyO3 import. The per-call
+//!   benchmark's subjects (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
 //! - `nd_grid`, `nd_ptr`, `nd_sum`, `nd_scale`: ndarray data to Python frameworks and back,
 //!   zero-copy (module `ndarray_recipes`).
@@ -33,16 +37,18 @@
 mod candle_recipes;
 mod ndarray_recipes;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use tensorbridge_cudarc::KernelLayout;
-use tensorbridge_pyo3::{AnyTensor, Error};
+// The facade's paths, as the README's recipes write them (`tensorbridge = { features =
+// ["pyo3"] }`): the adapters and the cudarc they are built with, one dependency line.
+use tensorbridge::cudarc::{Kernel, KernelLayout, grid_stride};
+use tensorbridge::cudarc_crate::driver::{LaunchConfig, PushKernelArg};
+use tensorbridge::pyo3::{AnyTensor, Error, TensorArg};
 
 /// Sums a float32 host tensor from any framework, without copying it.
 #[pyfunction]
-fn total(x: AnyTensor) -> Result<f32, Error> {
-    Ok(x.0.host_view::<f32>()?.iter().sum())
+fn total(x: TensorArg<'_, '_>) -> Result<f32, Error> {
+    Ok(x.as_ref().host_view::<f32>()?.iter().sum())
 }
 
 /// `0.0, 1.0, ..., n - 1` in a new cudarc buffer on device 0, as a `tensorbridge.View`.
@@ -60,35 +66,30 @@ fn ramp(py: Python<'_>, n: usize) -> Result<Bound<'_, PyAny>, Error> {
 }
 
 /// `y[i] += alpha * x[i]` for every index `i` of the shape, each layout read through
-/// `tb_offset` (`tb_layout` and `tb_offset` are declared by `tensorbridge_cudarc::kernel`).
-const AXPY: &str = r#"
+/// `tb_offset`, in a grid-stride loop (`tb_layout`, `tb_offset`, `tb_index` and `tb_stride`
+/// are declared for every kernel `tensorbridge_cudarc` compiles): right for any element count.
+static AXPY: Kernel = Kernel::new(
+    r#"
 extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
                                 float* y, tb_layout ly, long long n) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i < n) y[tb_offset(ly, i)] += alpha * x[tb_offset(lx, i)];
+    for (long long i = tb_index(); i < n; i += tb_stride())
+        y[tb_offset(ly, i)] += alpha * x[tb_offset(lx, i)];
 }
-"#;
+"#,
+    "axpy",
+);
 
 /// `y += alpha * x` in place on float32 CUDA tensors of one shape (any strides), from
 /// PyTorch, CuPy, JAX...: our kernel, on the framework's current stream.
 #[pyfunction]
-fn axpy(alpha: f32, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<()> {
-    tensorbridge_pyo3::kernel_call(&[x, y], |call| {
-        let xv = call.input::<f32>(0)?;
-        let mut yv = call.output::<f32>(1)?; // ValueError if y overlaps x or itself
-        if xv.shape() != yv.shape() {
-            let msg = format!("x has shape {:?} but y {:?}", xv.shape(), yv.shape());
-            return Err(PyValueError::new_err(msg).into());
-        }
+fn axpy(alpha: f32, x: TensorArg<'_, '_>, y: TensorArg<'_, '_>) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call(&[&x, &y], |call| {
+        call.same_shape(&[&x, &y])?; // ValueError naming both shapes
+        let xv = call.input::<f32>(&x)?;
+        let mut yv = call.output::<f32>(&y)?; // ValueError if y overlaps x or itself
         let n = yv.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let cfg = LaunchConfig::for_num_elems(u32::try_from(n).map_err(|_| {
-            PyValueError::new_err(format!("{n} elements are more than one launch covers"))
-        })?);
-        let f = call.kernel(AXPY, "axpy")?; // NVRTC at first use, cached per context
-        let (lx, ly, n) = (xv.layout()?, yv.layout()?, n as i64);
+        let f = call.function(&AXPY)?; // NVRTC at first use, kept per context
+        let (lx, ly) = (xv.layout()?, yv.layout()?);
         // SAFETY: `axpy` takes (float, const float*, tb_layout, float*, tb_layout, long long),
         // reads `x` and writes `y` only at the offsets `tb_offset` gives for `i < n` (the
         // views' elements), and runs on the views' stream.
@@ -100,7 +101,108 @@ fn axpy(alpha: f32, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<()> 
                 .arg(&lx)
                 .arg(&mut yv)
                 .arg(&ly)
-                .arg(&n)
+                .arg(&(n as i64))
+                .launch(grid_stride(n))
+        }?;
+        Ok(())
+    })
+}
+
+/// [`axpy`] on a stream the caller chose (`stream`: a `torch.cuda.Stream`, a CuPy stream,
+/// anything with `__cuda_stream__`, or an int handle), as kernel libraries that take
+/// `stream=` do; JAX inputs, whose framework has no current stream, are ordered onto it.
+#[pyfunction]
+fn axpy_on(
+    alpha: f32,
+    x: TensorArg<'_, '_>,
+    y: TensorArg<'_, '_>,
+    stream: &Bound<'_, PyAny>,
+) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call_on(&[&x, &y], stream, |call| {
+        call.same_shape(&[&x, &y])?;
+        let xv = call.input::<f32>(&x)?;
+        let mut yv = call.output::<f32>(&y)?;
+        let n = yv.numel();
+        let f = call.function(&AXPY)?;
+        let (lx, ly) = (xv.layout()?, yv.layout()?);
+        // SAFETY: as in `axpy`.
+        unsafe {
+            call.stream()
+                .launch_builder(&f)
+                .arg(&alpha)
+                .arg(&xv)
+                .arg(&lx)
+                .arg(&mut yv)
+                .arg(&ly)
+                .arg(&(n as i64))
+                .launch(grid_stride(n))
+        }?;
+        Ok(())
+    })
+}
+
+/// The second example kernel: a strided 2-D one. `out[i, j] = a[i, j] + b[j, i]` for 2-D
+/// float32 tensors `a` (m x n), `b` (n x m), `out` (m x n) of any strides (a transposed or
+/// sliced argument is read in place), one thread per element of a 2-D grid: indices and
+/// strides in elements, as `tb_layout` carries them.
+static ADD_TRANSPOSED: Kernel = Kernel::new(
+    r#"
+extern "C" __global__ void add_transposed(const float* a, tb_layout la, const float* b,
+                                          tb_layout lb, float* out, tb_layout lo) {
+    long long rows = lo.shape[0], cols = lo.shape[1];
+    for (long long i = blockIdx.y * (long long)blockDim.y + threadIdx.y; i < rows;
+         i += (long long)gridDim.y * blockDim.y)
+        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
+             j += (long long)gridDim.x * blockDim.x)
+            out[i * lo.strides[0] + j * lo.strides[1]] =
+                a[i * la.strides[0] + j * la.strides[1]] + b[j * lb.strides[0] + i * lb.strides[1]];
+}
+"#,
+    "add_transposed",
+);
+
+/// `out = a + b.T` for 2-D float32 CUDA tensors (any strides): the strided 2-D recipe.
+#[pyfunction]
+fn add_transposed(
+    a: TensorArg<'_, '_>,
+    b: TensorArg<'_, '_>,
+    out: TensorArg<'_, '_>,
+) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call(&[&a, &b, &out], |call| {
+        let (av, bv) = (call.input::<f32>(&a)?, call.input::<f32>(&b)?);
+        let mut ov = call.output::<f32>(&out)?;
+        let (sa, sb, so) = (
+            av.shape().to_vec(),
+            bv.shape().to_vec(),
+            ov.shape().to_vec(),
+        );
+        if so.len() != 2 || sa != so || sb != [so[1], so[0]] {
+            let msg = format!(
+                "expected a (m, n), b (n, m) and out (m, n); found a {sa:?}, b {sb:?}, out {so:?}"
+            );
+            return Err(PyValueError::new_err(msg).into());
+        }
+        let f = call.function(&ADD_TRANSPOSED)?;
+        let (la, lb, lo) = (av.layout()?, bv.layout()?, ov.layout()?);
+        // 16 x 16 threads per block; grid-stride loops cover any shape.
+        let blocks = |n: i64| u32::try_from(((n + 15) / 16).clamp(1, 65535)).unwrap_or(65535);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(so[1]), blocks(so[0]), 1),
+            block_dim: (16, 16, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `add_transposed` takes (const float*, tb_layout, const float*, tb_layout,
+        // float*, tb_layout); it reads `a` and `b` and writes `out` only at element offsets of
+        // their shapes (checked above: out (m, n), a (m, n), b (n, m)), on the views' stream.
+        unsafe {
+            call.stream()
+                .launch_builder(&f)
+                .arg(&av)
+                .arg(&la)
+                .arg(&bv)
+                .arg(&lb)
+                .arg(&mut ov)
+                .arg(&lo)
                 .launch(cfg)
         }?;
         Ok(())
@@ -115,9 +217,9 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
     let to_py_err = |e: &dyn std::fmt::Display| PyRuntimeError::new_err(e.to_string());
     let stream = tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(stream));
     let layout = KernelLayout::new(&[n], &[1]).map_err(|e| to_py_err(&e))?;
-    let cfg = LaunchConfig::for_num_elems(u32::try_from(n.max(1)).unwrap_or(u32::MAX));
+    let cfg = grid_stride(u64::try_from(n.max(0)).unwrap_or(0));
     let body = |s: &std::sync::Arc<cudarc::driver::CudaStream>| -> PyResult<()> {
-        let f = tensorbridge_cudarc::kernel(s, AXPY, "axpy").map_err(|e| to_py_err(&e))?;
+        let f = AXPY.function(s).map_err(|e| to_py_err(&e))?;
         // SAFETY: the benchmark passes two live, disjoint allocations of `n` floats on device
         // 0, written by nothing else meanwhile; the kernel's signature as in `axpy`.
         unsafe {
@@ -133,15 +235,25 @@ fn axpy_ptr(alpha: f32, x_ptr: u64, y_ptr: u64, n: i64, stream: usize) -> PyResu
         .map_err(|e| to_py_err(&e))?;
         Ok(())
     };
-    // SAFETY: the caller (the benchmark) passes a live stream of device 0 that PyTorch keeps.
-    unsafe { tensorbridge_cuda::with_stream_raw(0, stream, None, body) }
-        .map_err(|e| to_py_err(&e))?
+    // SAFETY: the caller (the benchmark) passes a live stream of device 0 that PyTorch keeps
+    // (a pool or default stream: never destroyed).
+    unsafe {
+        tensorbridge_cuda::with_stream_raw(0, stream, tensorbridge_cuda::StreamLife::Immortal, body)
+    }
+    .map_err(|e| to_py_err(&e))?
 }
 
-/// Takes three tensors from any framework, zero-copy, and returns their total element count:
-/// what it costs to cross into Rust with three framework tensors.
+/// Takes three tensors from any framework, zero-copy, borrowed for the call, and returns their
+/// total element count: what it costs to cross into Rust with three framework tensors.
 #[pyfunction]
-fn nop3(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
+fn nop3(x: TensorArg<'_, '_>, y: TensorArg<'_, '_>, z: TensorArg<'_, '_>) -> u64 {
+    x.descriptor().numel() + y.descriptor().numel() + z.descriptor().numel()
+}
+
+/// [`nop3`] with owned tensors ([`AnyTensor`]: each kept by an owner that may outlive the
+/// call), for the benchmark's comparison of the two modes.
+#[pyfunction]
+fn nop3_owned(x: AnyTensor, y: AnyTensor, z: AnyTensor) -> u64 {
     x.0.numel() + y.0.numel() + z.0.numel()
 }
 
@@ -170,8 +282,11 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(total, m)?)?;
     m.add_function(wrap_pyfunction!(ramp, m)?)?;
     m.add_function(wrap_pyfunction!(axpy, m)?)?;
+    m.add_function(wrap_pyfunction!(axpy_on, m)?)?;
+    m.add_function(wrap_pyfunction!(add_transposed, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(nop3, m)?)?;
+    m.add_function(wrap_pyfunction!(nop3_owned, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
     ndarray_recipes::register(m)?;

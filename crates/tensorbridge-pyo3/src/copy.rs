@@ -5,43 +5,17 @@
 //! reach, `[lowest, highest)`, verbatim into new device memory and keep the source's strides
 //! (element 0 at the same distance from the buffer's start): compacting would need a kernel.
 //! Either is writable and owned by nobody else (`IS_COPIED`).
+//!
+//! Only the layout logic is here: the driver calls (allocation, the ordered copies, the host
+//! wait, the context binding) are the CUDA layer's (`tensorbridge_cuda::copy`).
 
 use std::sync::Arc;
 
-use cudarc::driver::sys;
 use pyo3::prelude::*;
 use tensorbridge::{Access, Descriptor, Device, DeviceType, Stream, StreamRequest, Tensor};
+use tensorbridge_cuda::copy::DeviceBuffer;
 
 use crate::error::{Error, Result};
-
-/// A failed driver call, as the CUDA layer reports them.
-fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
-    if result == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(tensorbridge_cuda::Error::Driver { call, result }.into())
-    }
-}
-
-/// Makes device `ordinal`'s primary context current on this thread. Callers hold a
-/// [`tensorbridge_cuda::ContextGuard`] made before, so the caller's context comes back.
-fn bind(ordinal: u32) -> Result<()> {
-    let ctx = tensorbridge_cuda::primary_context(ordinal)?;
-    // SAFETY: libcuda is loaded (a context exists) and `ctx` holds a retain of the context
-    // for the call.
-    check("cuCtxSetCurrent", unsafe {
-        sys::cuCtxSetCurrent(ctx.cu_ctx())
-    })
-}
-
-/// The ordinal whose primary context serves a tensor's memory (DLPack gives managed and
-/// pinned memory ordinal 0).
-fn ordinal(device: Device) -> u32 {
-    match device.kind {
-        DeviceType::Cuda => device.ordinal,
-        _ => 0,
-    }
-}
 
 /// The descriptor of a copy that keeps the source's layout: element 0 at the same distance
 /// from the start of a buffer at `base` that holds the source's span.
@@ -230,54 +204,22 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
 }
 
 /// Copies `len` bytes of device-accessible memory at `from` (inside `src`'s span) to host
-/// memory at `to`, ordered after `src`'s readiness, and waits for the copy.
+/// memory at `to`, ordered after `src`'s readiness, and waits for the copy (the GIL released).
 fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usize) -> Result<()> {
-    let legacy = Stream::LegacyDefault;
-    // SAFETY: the legacy default stream is always a live stream of the device's primary
-    // context.
-    unsafe { tensorbridge_cuda::make_ready_on_raw(src, legacy) }?;
-    let _keep = tensorbridge_cuda::ContextGuard::save()?;
-    bind(ordinal(src.device()))?;
-    py.detach(|| -> Result<()> {
-        // SAFETY: the context is current; `from..from+len` lies in the source's span,
-        // device-accessible memory kept alive by `src`; `to` is a fresh host buffer of at
-        // least `len` bytes; the copy is ordered after the source's producer (the wait above)
-        // and finished before we return.
-        check("cuMemcpyAsync", unsafe {
-            sys::cuMemcpyAsync(
-                to as sys::CUdeviceptr,
-                from as sys::CUdeviceptr,
+    py.detach(|| {
+        // SAFETY: `from..from+len` lies in the source's span (the callers pass its span or
+        // the whole of it), kept alive by `src`; `to` is a fresh host buffer of at least
+        // `len` bytes, disjoint from the source.
+        unsafe {
+            tensorbridge_cuda::copy::to_host(
+                src,
+                from,
+                std::ptr::with_exposed_provenance_mut(to),
                 len,
-                tensorbridge_cuda::raw_stream(legacy),
             )
-        })?;
-        // SAFETY: the legacy default stream of the current context.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(tensorbridge_cuda::raw_stream(legacy))
-        })
-    })
-}
-
-/// Device memory from `cuMemAlloc`, freed with `cuMemFree` when the copy's last user is gone.
-struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
-    ordinal: u32,
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // `cuMemFree` waits for work still using the memory before it frees it, so a
-        // consumer that drops the copy while its kernels run does not free it under them.
-        // Errors leave nothing to undo: the memory is then leaked.
-        let Ok(_keep) = tensorbridge_cuda::ContextGuard::save() else {
-            return;
-        };
-        if self.ptr != 0 && bind(self.ordinal).is_ok() {
-            // SAFETY: `ptr` came from `cuMemAlloc` in this device's primary context (now
-            // current) and is freed once, here.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
-    }
+    })?;
+    Ok(())
 }
 
 /// A copy of a CUDA device tensor into new device memory on the same device, enqueued on the
@@ -297,58 +239,45 @@ pub(crate) unsafe fn on_device(
     if device.kind != DeviceType::Cuda {
         return Err(Error::CannotCopy { device });
     }
-    crate::view::refuse_negative_strides(src)?;
+    crate::export::view::refuse_negative_strides(src)?;
     let span = src.byte_span();
     let len = span.len();
-    let stream = match consumer {
-        StreamRequest::Stream(s) => s,
-        StreamRequest::NoSync => Stream::LegacyDefault,
+    let (stream, wait) = match consumer {
+        StreamRequest::Stream(s) => (s, false),
+        StreamRequest::NoSync => (Stream::LegacyDefault, true),
     };
-    // SAFETY: `stream` is live for the call (obligation 1, or the legacy default stream).
-    unsafe { tensorbridge_cuda::make_ready_on_raw(src, stream) }?;
-    let _keep = tensorbridge_cuda::ContextGuard::save()?;
-    bind(device.ordinal)?;
-    let mut ptr: sys::CUdeviceptr = 0;
-    if len > 0 {
-        // SAFETY: the context is current; `ptr` is a live local the driver writes.
-        let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, len) };
-        if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+    let buffer = match DeviceBuffer::alloc(device.ordinal, len) {
+        Err(tensorbridge_cuda::Error::Driver {
+            result: cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ..
+        }) => {
             return Err(Error::OutOfMemory {
                 bytes: len as u64,
                 device,
             });
         }
-        check("cuMemAlloc", result)?;
+        other => other?,
+    };
+    let base = buffer.addr();
+    py.detach(|| {
+        // SAFETY: the span is the source's own, device memory kept alive by `src` for the call
+        // and, past it, by the retirement below until the copy has run; `stream` is live for
+        // the call (obligation 1, or the legacy default stream).
+        unsafe { tensorbridge_cuda::copy::on_device(src, span.start, &buffer, stream, wait) }
+    })?;
+    if !wait && len > 0 {
+        // The copy runs on the consumer's stream after this returns: the source's memory must
+        // outlive it, whoever drops the source meanwhile.
+        // SAFETY: `stream` is live for the call (obligation 1), of the device's primary
+        // context.
+        unsafe { tensorbridge_cuda::retire_on_raw(device.ordinal, stream, src.owner().clone()) };
     }
-    let buffer = Arc::new(DeviceBuffer {
-        ptr,
-        ordinal: device.ordinal,
-    });
-    if len > 0 {
-        let from = span.start as sys::CUdeviceptr;
-        py.detach(|| -> Result<()> {
-            let raw = tensorbridge_cuda::raw_stream(stream);
-            // SAFETY: the context is current; the source span is live device memory (kept by
-            // `src`), the destination a fresh allocation of `len` bytes; `raw` is live for
-            // the call (obligation 1); the copy is ordered after the source's producer by
-            // the wait enqueued on the same stream above.
-            check("cuMemcpyAsync", unsafe {
-                sys::cuMemcpyAsync(ptr, from, len, raw)
-            })?;
-            if consumer == StreamRequest::NoSync {
-                // SAFETY: as above.
-                check("cuStreamSynchronize", unsafe {
-                    sys::cuStreamSynchronize(raw)
-                })?;
-            }
-            Ok(())
-        })?;
-    }
-    let desc = describe_span(src, ptr as usize, device)?;
+    let desc = describe_span(src, base, device)?;
     // SAFETY: `buffer` keeps the allocation (holding the span, being written on the
     // consumer's stream, which is where the consumer reads it) alive until the copy's last
-    // user drops it; nothing else references it.
-    Ok(unsafe { Tensor::from_descriptor(desc, buffer) })
+    // user drops it (`cuMemFree` then waits for work still using it); nothing else
+    // references it.
+    Ok(unsafe { Tensor::from_descriptor(desc, Arc::new(buffer)) })
 }
 
 /// A copy of a host tensor into new host memory.

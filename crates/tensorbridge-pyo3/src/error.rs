@@ -307,13 +307,35 @@ pub enum Error {
         /// The tensor's type.
         type_name: String,
     },
-    /// A kernel call's argument asked for by a position it does not have.
-    #[error("argument {index} does not exist: the kernel call has {count} tensor arguments")]
-    NoArgument {
-        /// The position asked for.
+    /// A view asked of a kernel call for a tensor that is not one of its arguments.
+    #[error(
+        "this tensor is not an argument of the kernel call (expected one of the TensorArgs given to kernel_call)"
+    )]
+    NotAnArgument,
+    /// Kernel arguments whose shapes differ where the kernel needs them equal.
+    #[error(
+        "argument {index} has shape {found:?} but argument {other} has shape {expected:?} (expected equal shapes)"
+    )]
+    ShapeMismatch {
+        /// The position of the argument that differs.
         index: usize,
-        /// How many there are.
-        count: usize,
+        /// Its shape.
+        found: Vec<i64>,
+        /// The position of the argument it is compared with.
+        other: usize,
+        /// That argument's shape.
+        expected: Vec<i64>,
+    },
+    /// A PyTorch tensor rebound to other memory (`set_`, `.data =`, `swap_tensors` on another
+    /// thread) on every attempt to read it consistently.
+    #[error(
+        "a {type_name} changed its memory during the import {attempts} times in a row (expected no other thread to rebind the tensor while it is imported)"
+    )]
+    Rebound {
+        /// Its type.
+        type_name: String,
+        /// How often it was read.
+        attempts: usize,
     },
     /// A DLPack C exchange API table that could not be used.
     #[error("{type_name}'s DLPack C exchange API is unusable: {problem}")]
@@ -448,7 +470,8 @@ impl From<Error> for PyErr {
             | Error::NegativePointer { .. }
             | Error::HostOrdinal { .. }
             | Error::MissingKey { .. }
-            | Error::NoArgument { .. }
+            | Error::NotAnArgument
+            | Error::ShapeMismatch { .. }
             | Error::NullArgument { .. }
             | Error::Masked { .. } => PyValueError::new_err(msg),
             Error::UsedCapsule { .. }
@@ -460,6 +483,7 @@ impl From<Error> for PyErr {
             | Error::NegativeBit { .. }
             | Error::Exchange { .. }
             | Error::NoFlags { .. } => PyBufferError::new_err(msg),
+            Error::Rebound { .. } => PyRuntimeError::new_err(msg),
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

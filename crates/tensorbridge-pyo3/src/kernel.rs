@@ -1,19 +1,21 @@
-//! Your own CUDA kernel on Python tensors: the arguments imported, the producer framework's
-//! current stream borrowed as a cudarc stream for the call, checked views, and the
-//! frameworks' later work ordered after the kernel's writes.
+//! Your own CUDA kernel on Python tensors: the arguments borrowed for the call
+//! ([`TensorArg`]), one stream chosen (the framework's current stream, or the caller's),
+//! checked views, and the frameworks' later work ordered after the kernel's writes.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream};
 use pyo3::prelude::*;
-use tensorbridge::{DeviceType, Owner, Stream, Tensor};
-use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs};
+use tensorbridge::{DeviceType, Owner, Stream, TensorRef};
+use tensorbridge_cuda::StreamLife;
+use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs, KernelTensor};
 
+use crate::TensorArg;
 use crate::error::{Error, Result};
-use crate::exchange;
+use crate::import::route;
 use crate::owner::KeepAlive;
 
-/// Whose current stream a [`kernel_call`] runs on.
+/// Whose stream a kernel call runs on.
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamSource {
@@ -25,26 +27,28 @@ pub enum StreamSource {
     /// The legacy default stream of the device: no argument came from a framework with a
     /// current stream (JAX, Numba, NumPy-style producers, `tensorbridge.View`s).
     LegacyDefault,
+    /// The stream the caller chose ([`kernel_call_on`]).
+    Caller,
 }
 
-/// A framework stream found for an argument: where it is, what keeps it alive.
+/// A framework stream found for an argument: where it is, how long it lives.
 struct Found {
     source: StreamSource,
     stream: Stream,
-    keeper: Option<Owner>,
+    life: StreamLife,
 }
 
 /// The arguments of a kernel call and the stream to launch on, as [`kernel_call`] hands
 /// them to its closure.
 pub struct KernelCall<'s> {
-    tensors: Vec<Tensor>,
     args: KernelArgs<'s>,
     source: StreamSource,
+    /// Each argument (by address) and its tensor, borrowed for the call.
+    tensors: Vec<(*const (), TensorRef<'s>)>,
 }
 
-impl KernelCall<'_> {
-    /// The stream to launch on: the producer framework's current stream, borrowed for the
-    /// call (see [`kernel_call`]).
+impl<'s> KernelCall<'s> {
+    /// The stream to launch on (see [`kernel_call`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.args.stream()
     }
@@ -54,148 +58,254 @@ impl KernelCall<'_> {
         self.source
     }
 
-    /// Argument `i`, imported (zero-copy, its producer kept alive).
-    pub fn tensor(&self, i: usize) -> Result<&Tensor> {
-        self.tensors.get(i).ok_or(Error::NoArgument {
-            index: i,
-            count: self.tensors.len(),
-        })
+    /// The position of `arg` among the call's arguments, and its tensor.
+    fn tensor(&self, arg: &TensorArg<'_, '_>) -> Result<(usize, TensorRef<'s>)> {
+        let key = std::ptr::from_ref(arg).cast::<()>();
+        self.tensors
+            .iter()
+            .enumerate()
+            .find(|(_, (k, _))| *k == key)
+            .map(|(i, (_, t))| (i, *t))
+            .ok_or(Error::NotAnArgument)
     }
 
-    /// A read-only view of argument `i` for the kernel, the stream ordered after its
-    /// producer on the GPU ([`KernelArgs::input`]).
-    pub fn input<T: CudaElement>(&self, i: usize) -> Result<DeviceView<'_, T>> {
-        Ok(self.args.input_at(i, self.tensor(i)?)?)
+    /// A read-only view of `arg`, one of the call's arguments, for the kernel: the stream
+    /// ordered after its producer on the GPU ([`KernelArgs::input`]).
+    pub fn input<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceView<'s, T>> {
+        let (i, t) = self.tensor(arg)?;
+        // SAFETY: KernelTensor::borrowed \[device-life\]: the call retires the pins of its
+        // arguments on this stream after `f` (one event), except those of the framework
+        // whose current stream this is, whose allocator orders reuse after its own work
+        // ([`kernel_call`], item 5).
+        Ok(self
+            .args
+            .input_at(i, unsafe { KernelTensor::borrowed(t) })?)
     }
 
-    /// A writable view of argument `i`, refused (`ValueError`) when it overlaps itself or
-    /// another argument, and (`BufferError`) when it is read-only ([`KernelArgs::output`]).
-    pub fn output<T: CudaElement>(&self, i: usize) -> Result<DeviceViewMut<'_, T>> {
-        Ok(self.args.output_at(i, self.tensor(i)?)?)
+    /// A writable view of `arg`, refused (`ValueError`) when it overlaps itself or another
+    /// argument, and (`BufferError`) when it is read-only: an immutable producer's array (JAX,
+    /// TensorFlow), a tensor that requires grad ([`KernelArgs::output`]).
+    pub fn output<T: CudaElement>(&self, arg: &TensorArg<'_, '_>) -> Result<DeviceViewMut<'s, T>> {
+        let (i, t) = self.tensor(arg)?;
+        // SAFETY: as in `input`.
+        Ok(self
+            .args
+            .output_at(i, unsafe { KernelTensor::borrowed(t) })?)
     }
 
-    /// The kernel `name` of `src`, compiled with NVRTC on first use and cached per context
-    /// ([`tensorbridge_cudarc::kernel`]); `RuntimeError` without libnvrtc.
-    pub fn kernel(&self, src: &'static str, name: &'static str) -> Result<CudaFunction> {
+    /// Refuses, with [`Error::ShapeMismatch`], arguments whose shapes differ from the first's.
+    pub fn same_shape(&self, args: &[&TensorArg<'_, '_>]) -> Result<()> {
+        let Some((first, rest)) = args.split_first() else {
+            return Ok(());
+        };
+        let (i, expected) = self.tensor(first)?;
+        for arg in rest {
+            let (j, t) = self.tensor(arg)?;
+            if t.shape() != expected.shape() {
+                return Err(Error::ShapeMismatch {
+                    index: j,
+                    found: t.shape().to_vec(),
+                    other: i,
+                    expected: expected.shape().to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel `name` of `src`, compiled with NVRTC for the device's own architecture on
+    /// first use and cached per context ([`tensorbridge_cudarc::kernel`]); `RuntimeError`
+    /// without libnvrtc.
+    pub fn kernel(&self, src: &str, name: &str) -> Result<CudaFunction> {
         Ok(tensorbridge_cudarc::kernel(self.stream(), src, name)?)
     }
+
+    /// A kernel declared once (`static K: Kernel = Kernel::new(SRC, "name")`), its loaded
+    /// function kept in the value per context: no hashing of the source per call.
+    pub fn function(&self, kernel: &tensorbridge_cudarc::Kernel) -> Result<CudaFunction> {
+        Ok(kernel.function(self.stream())?)
+    }
 }
 
-/// Runs `f`, which launches your own CUDA kernel, on Python tensors `args`, on the stream
-/// their framework is using now:
+/// Runs `f`, which launches your own CUDA kernel, on `args` (borrowed for the call: declare
+/// the `#[pyfunction]`'s tensor parameters as [`TensorArg`]), on the stream their framework
+/// is using now:
 ///
-/// 1. every argument is imported zero-copy ([`crate::import`]); all must be CUDA (or
-///    managed) memory of one device (`ValueError` otherwise: the views refuse);
-/// 2. the stream: the current stream of the first argument that comes from PyTorch
-///    (through the DLPack C exchange API, so the stream of `with torch.cuda.stream(s)`, or
-///    the capturing stream inside `torch.cuda.graph`), else of the first from CuPy
-///    (`with cupy.cuda.Stream()`), else the legacy default stream ([`StreamSource`]);
-///    borrowed as a cudarc stream for the call
+/// 1. all arguments must be CUDA (or managed) memory of one device (`ValueError` otherwise:
+///    the views refuse);
+/// 2. the stream: the current stream of the first argument that comes from PyTorch (the
+///    stream of `with torch.cuda.stream(s)`, or the capturing stream inside
+///    `torch.cuda.graph`), else of the first from CuPy (`with cupy.cuda.Stream()`), else the
+///    legacy default stream ([`StreamSource`]); borrowed as a cudarc stream for the call
 ///    ([`tensorbridge_cuda::with_stream_raw`]), the caller's CUDA context restored after;
 /// 3. `f` makes the views ([`KernelCall::input`], [`KernelCall::output`]), each of which
-///    orders the stream after that tensor's producer on the GPU, and launches;
+///    orders the stream after that argument's producer on the GPU, and launches;
 /// 4. after `f`, the current stream of every other framework among the arguments (CuPy's
-///    when the kernel ran on PyTorch's, say) waits on the GPU for the kernel's work, so
-///    its later reads see the writes. The kernel's own framework needs nothing: its later
-///    work is on the same stream.
+///    when the kernel ran on PyTorch's, say) waits on the GPU for the kernel's work, so its
+///    later reads see the writes. The kernel's own framework needs nothing: its later work is
+///    on the same stream;
+/// 5. memory: an argument of the framework whose stream the kernel ran on is released by that
+///    framework's own rules, as its own operations' arguments are (PyTorch's and CuPy's
+///    allocators reuse memory in the order of the stream it was allocated on; memory used on
+///    another stream needs `record_stream`, as for PyTorch's own operations). Every other
+///    argument's memory is kept until the kernel finishes (one event per call), and released
+///    soon after, whoever drops the argument.
 ///
-/// The host never waits (except for NVRTC at a kernel's first use). The closure returns
-/// this crate's [`Error`], into which the core's, the CUDA layer's, the cudarc adapter's
-/// errors and cudarc's `DriverError` convert with `?`; the result is a `PyResult`.
+/// The host never waits (except for NVRTC at a kernel's first use).
 ///
-/// JAX arrays are inputs here: JAX hands them over ready and has no current stream to
-/// give, and writing into a JAX array in place breaks JAX's immutability.
+/// JAX arrays are inputs only: JAX hands them over ready and immutable (read-only views;
+/// [`KernelCall::output`] refuses them).
 pub fn kernel_call<R>(
-    args: &[&Bound<'_, PyAny>],
-    f: impl FnOnce(&KernelCall<'_>) -> Result<R>,
-) -> PyResult<R> {
-    Ok(kernel_call_inner(args, f)?)
-}
-
-fn kernel_call_inner<R>(
-    args: &[&Bound<'_, PyAny>],
+    args: &[&TensorArg<'_, '_>],
     f: impl FnOnce(&KernelCall<'_>) -> Result<R>,
 ) -> Result<R> {
-    let tensors = args
-        .iter()
-        .map(|a| crate::import(a).map_err(Error::from))
-        .collect::<Result<Vec<Tensor>>>()?;
+    call(args, None, f)
+}
+
+/// [`kernel_call`] on the stream the caller chose: for kernel libraries that take `stream=`
+/// and for inputs whose framework has no current stream (JAX). `stream` is a stream object
+/// (anything with the CUDA stream protocol `__cuda_stream__`, as cuda.core's streams have; a
+/// `torch.cuda.Stream`; a `cupy.cuda.Stream`) or an int with the CUDA Array Interface's
+/// conventions (`1` the legacy default stream, `2` the per-thread one, a `cudaStream_t`),
+/// which Python code vouches is live for the call, as the DLPack protocol trusts stream
+/// ints. The kernel runs on it, and the arguments' frameworks' current streams wait for it
+/// as in [`kernel_call`].
+pub fn kernel_call_on<R>(
+    args: &[&TensorArg<'_, '_>],
+    stream: &Bound<'_, PyAny>,
+    f: impl FnOnce(&KernelCall<'_>) -> Result<R>,
+) -> Result<R> {
+    let chosen = caller_stream(stream)?;
+    call(args, Some(chosen), f)
+}
+
+fn call<'a, R>(
+    args: &'a [&'a TensorArg<'_, '_>],
+    chosen: Option<Found>,
+    f: impl FnOnce(&KernelCall<'_>) -> Result<R>,
+) -> Result<R> {
     // Kernels take device and managed memory only: refused before any stream is looked for.
-    if let Some(t) = tensors
-        .iter()
-        .find(|t| !matches!(t.device().kind, DeviceType::Cuda | DeviceType::CudaManaged))
-    {
-        return Err(tensorbridge_cuda::Error::NotCudaMemory { device: t.device() }.into());
+    if let Some(a) = args.iter().find(|a| {
+        !matches!(
+            a.descriptor().device().kind,
+            DeviceType::Cuda | DeviceType::CudaManaged
+        )
+    }) {
+        return Err(tensorbridge_cuda::Error::NotCudaMemory {
+            device: a.descriptor().device(),
+        }
+        .into());
     }
     // The device: the first argument on a CUDA device (managed memory names device 0).
-    let ordinal = tensors
+    let ordinal = args
         .iter()
-        .find(|t| t.device().kind == DeviceType::Cuda)
-        .or_else(|| tensors.first())
-        .map_or(0, |t| t.device().ordinal);
-    // Each argument's framework stream, where its framework has one.
+        .find(|a| a.descriptor().device().kind == DeviceType::Cuda)
+        .or_else(|| args.first())
+        .map_or(0, |a| a.descriptor().device().ordinal);
+    // Each argument's framework stream, where its framework has one (one pass: PyTorch's was
+    // read by the import).
     let mut found: Vec<Found> = Vec::new();
+    let mut owned_by: Vec<Option<Stream>> = Vec::with_capacity(args.len());
     for a in args {
-        if let Some(f) = framework_stream(a, ordinal)?
+        let f = framework_stream(a, ordinal)?;
+        owned_by.push(f.as_ref().map(|f| f.stream));
+        if let Some(f) = f
             && !found.iter().any(|g| g.stream == f.stream)
         {
             found.push(f);
         }
     }
-    let chosen = found
-        .iter()
-        .position(|f| f.source == StreamSource::Torch)
-        .or_else(|| (!found.is_empty()).then_some(0));
-    let (source, stream, keeper) = match chosen {
-        Some(i) => {
-            let f = found.remove(i);
-            (f.source, f.stream, f.keeper)
+    let chosen = match chosen {
+        Some(c) => c,
+        None => {
+            let i = found
+                .iter()
+                .position(|f| f.source == StreamSource::Torch)
+                .or_else(|| (!found.is_empty()).then_some(0));
+            match i {
+                Some(i) => found.remove(i),
+                None => Found {
+                    source: StreamSource::LegacyDefault,
+                    stream: Stream::LegacyDefault,
+                    life: StreamLife::Immortal,
+                },
+            }
         }
-        None => (StreamSource::LegacyDefault, Stream::LegacyDefault, None),
     };
+    let (source, stream) = (chosen.source, chosen.stream);
+    found.retain(|f| f.stream != stream);
+    let tensors: Vec<(*const (), TensorRef<'a>)> = args
+        .iter()
+        .map(|a| (std::ptr::from_ref(*a).cast::<()>(), a.as_ref()))
+        .collect();
+    // The pins of arguments whose memory the call stream's framework does not order: kept
+    // until the kernel is done (one event for all), also when `f` fails or panics.
+    let kept: Vec<Owner> = args
+        .iter()
+        .zip(&owned_by)
+        .filter(|(_, by)| **by != Some(stream))
+        .map(|(a, _)| a.imported().owner(a.object()))
+        .collect();
     let body = |s: &Arc<CudaStream>| -> Result<R> {
+        let _retire = Retire { stream: s, kept };
         let call = KernelCall {
-            tensors,
             args: KernelArgs::new(s),
             source,
+            tensors,
         };
         let out = f(&call)?;
         if !found.is_empty() {
             let done = tensorbridge_cuda::CudaSignal::record(s)?;
             for other in &found {
-                // SAFETY: another framework's current stream, live now (a CuPy stream is
-                // held by its keeper in `found`; PyTorch's and the default streams always are).
+                // SAFETY: another framework's current stream, live now (asked during this
+                // call; a CuPy stream is held by its keeper in `found`).
                 unsafe { done.wait_on_raw(other.stream) }?;
             }
         }
         Ok(out)
     };
-    // SAFETY:
-    // 1. the stream is live now and as long as `keeper`: PyTorch's current streams are its
-    //    default stream or streams of its pools, which it never destroys (a stream made
-    //    current from outside, `torch.cuda.ExternalStream`, must outlive the work that uses
-    //    it, as PyTorch requires); CuPy's is kept alive by `keeper` (the Stream object); the
-    //    legacy default stream always is.
-    unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, keeper, body) }?
+    // SAFETY: the stream is live now and for as long as `life` says: PyTorch's default and
+    // pool streams are never destroyed (Immortal), a stream PyTorch did not make is lent for
+    // the call only (CallOnly: the closure runs on a stream of the layer, forked and joined),
+    // CuPy's is kept alive by its Stream object (KeptBy), the legacy default stream always
+    // is; a caller's stream as `caller_stream` says.
+    unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, chosen.life, body) }?
 }
 
-/// The current stream of `obj`'s framework on device `ordinal`, when it has one: PyTorch's
-/// (the type publishes the DLPack C exchange API), CuPy's (the type's module is `cupy`).
-fn framework_stream(obj: &Bound<'_, PyAny>, ordinal: u32) -> Result<Option<Found>> {
-    let py = obj.py();
-    let device_id = i32::try_from(ordinal).unwrap_or(0);
-    let info = exchange::type_info(obj)?;
-    if let exchange::Table::Usable(api) = info.table {
-        let stream = api.current_work_stream(obj, 2, device_id)?;
+/// Retires a call's kept owners on its stream when the call's body ends, however it ends.
+struct Retire<'s> {
+    stream: &'s Arc<CudaStream>,
+    kept: Vec<Owner>,
+}
+
+impl Drop for Retire<'_> {
+    fn drop(&mut self) {
+        if !self.kept.is_empty() {
+            tensorbridge_cuda::retire_all_on(self.stream, std::mem::take(&mut self.kept));
+        }
+    }
+}
+
+/// The current stream of `arg`'s framework on device `ordinal`, when it has one: PyTorch's
+/// (read when the argument was imported), CuPy's (asked now).
+fn framework_stream(arg: &TensorArg<'_, '_>, ordinal: u32) -> Result<Option<Found>> {
+    if let Some(current) = arg.imported().current {
         return Ok(Some(Found {
             source: StreamSource::Torch,
-            stream,
-            keeper: None,
+            stream: current.stream,
+            life: if current.immortal {
+                StreamLife::Immortal
+            } else {
+                StreamLife::CallOnly
+            },
         }));
     }
-    if info.cupy {
-        let cuda = py.import("cupy.cuda")?;
-        let current = cuda
+    let obj = arg.object();
+    let py = obj.py();
+    if route::facts(obj)?.cupy {
+        let device_id = i32::try_from(ordinal).unwrap_or(0);
+        let current = py
+            .import(pyo3::intern!(py, "cupy.cuda"))?
             .getattr(pyo3::intern!(py, "get_current_stream"))?
             .call1((device_id,))?;
         let ptr: usize = current.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
@@ -203,8 +313,58 @@ fn framework_stream(obj: &Bound<'_, PyAny>, ordinal: u32) -> Result<Option<Found
         return Ok(Some(Found {
             source: StreamSource::CuPy,
             stream,
-            keeper: Some(KeepAlive::owner(current.unbind(), None)),
+            life: StreamLife::KeptBy(KeepAlive::owner(current.unbind(), None)),
         }));
     }
     Ok(None)
+}
+
+/// The stream a caller chose for [`kernel_call_on`], and how long it lives: a stream object
+/// that owns its stream (the CUDA stream protocol's, CuPy's) is held for as long as a clone
+/// of the wrapper lives; a `torch.cuda.Stream` is PyTorch's pool stream (never destroyed) or
+/// an external one (lent for the call only, as is a bare int).
+fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
+    let py = stream.py();
+    let found = |handle: usize, life: StreamLife| Found {
+        source: StreamSource::Caller,
+        stream: tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(handle)),
+        life,
+    };
+    let kept = || StreamLife::KeptBy(KeepAlive::owner(stream.clone().unbind(), None));
+    if let Some(id) = crate::import::attribute(stream, pyo3::intern!(py, "stream_id"))? {
+        // A `torch.cuda.Stream`: its id is 0 for the default stream, odd for pool streams,
+        // the (even) handle itself for an external stream.
+        let id: i64 = id.extract()?;
+        let handle: usize = stream
+            .getattr(pyo3::intern!(py, "cuda_stream"))?
+            .extract()?;
+        let life = if id == 0 || id & 1 == 1 {
+            StreamLife::Immortal
+        } else {
+            StreamLife::CallOnly
+        };
+        return Ok(found(handle, life));
+    }
+    // The CUDA stream protocol: `__cuda_stream__()` -> (version, handle).
+    if let Some(method) = crate::import::attribute(stream, pyo3::intern!(py, "__cuda_stream__"))? {
+        let (_, handle): (i64, usize) = method.call0()?.extract()?;
+        return Ok(found(handle, kept()));
+    }
+    if let Some(handle) = crate::import::attribute(stream, pyo3::intern!(py, "ptr"))? {
+        let handle: usize = handle.extract()?;
+        return Ok(found(handle, kept()));
+    }
+    let value = crate::convert::stream_from_py(Some(stream))?.unwrap_or(1);
+    let request = tensorbridge::stream_from_wire(
+        tensorbridge::StreamConvention::CudaArrayInterface,
+        Some(value),
+    )?;
+    Ok(Found {
+        source: StreamSource::Caller,
+        stream: match request {
+            tensorbridge::StreamRequest::Stream(s) => s,
+            tensorbridge::StreamRequest::NoSync => Stream::LegacyDefault,
+        },
+        life: StreamLife::CallOnly,
+    })
 }

@@ -6,44 +6,56 @@
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | Python -> [`Tensor`] | [`import`], [`AnyTensor`], `unsafe` [`import_on_raw`]; Python `tensorbridge.asview` | zero-copy, the producer object kept alive | [`import`]: the tensor carries the producer's readiness (its current stream, or the stream its protocol names), nothing is enqueued; [`import_on_raw`]: the caller's stream is ordered after the producer, on the GPU, and the tensor is [`Ready::Stream`](tensorbridge::Ready::Stream) of it |
+//! | Python -> [`Tensor`] | [`import`], [`AnyTensor`], `unsafe` [`import_on_raw`]; Python `tensorbridge.asview` | zero-copy, the memory pinned (a PyTorch tensor's storage) and the producer object kept alive | [`import`]: the tensor carries the producer's readiness (its current stream when it outlives the tensor, else an event recorded on it; the stream its protocol names), nothing is enqueued; [`import_on_raw`]: the caller's stream is also ordered after the producer, on the GPU (and never named by the tensor) |
+//! | Python -> a call's argument | [`TensorArg`] (`FromPyObject`) | zero-copy, borrowed for the call: no owner, no `View` | as [`import`] |
 //! | [`Tensor`] -> Python | [`export`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> DLPack C exchange API consumer (tvm-ffi, dlpark, cuda.core) | `type(view).__dlpack_c_exchange_api__` (DLPack 1.3 capsule) or `__c_dlpack_exchange_api__` (1.2 int): `managed_tensor_from_py_object_no_sync` (as `__dlpack__(max_version=(1, 3))`), `dltensor_from_py_object_no_sync` (borrowed; refused for read-only views), `managed_tensor_to_py_object_no_sync` (a managed tensor -> a new [`View`]) | zero-copy, no Python call | `current_work_stream` is NULL (the legacy default stream) for every device; the exports make the legacy default stream wait for the view's producer (GPU-side) |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
-//! | Python tensors -> your own CUDA kernel | [`kernel_call`] (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing) | zero-copy, in place | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
+//! | a CUDA tensor -> another process | Python `tensorbridge.share(x)` gives a picklable `Handle`; `tensorbridge.open(handle)` in another process gives a [`View`] (`tensorbridge_cuda::ipc` underneath) | zero-copy across processes (CUDA IPC of the whole allocation, the offset carried) | the producer's pending work is waited for on the consumer's stream through an interprocess event; the producer frees the memory only after every consumer's work on it is done |
+//! | Python tensors -> your own CUDA kernel | [`kernel_call`] / [`kernel_call_on`] on [`TensorArg`]s (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing and access) | zero-copy, in place, borrowed for the call | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), or the caller's (`kernel_call_on`), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
 //!
 //! # The import order
-//! [`import`] tries, in this order:
-//! 1. a [`View`] of this crate (its tensor, as it is); an exact `numpy.ndarray` whose
-//!    dimensions are all longer than 1, through the buffer protocol (what its `__dlpack__`
-//!    would export, without the Python call; anything else NumPy goes on below);
-//! 2. the DLPack C exchange API of `type(obj)` (`__dlpack_c_exchange_api__`, a DLPack 1.3
-//!    capsule, or `__c_dlpack_exchange_api__`, the 1.2 int), which PyTorch 2.11 publishes:
-//!    no Python call, and the caller's stream is ordered after the producer's current work
-//!    stream here. Not for tensors the producer's `__dlpack__` refuses before exporting
-//!    (PyTorch: requiring grad, conjugate bit), nor for subclasses that override
-//!    `__dlpack__`, `__dlpack_device__` or `__torch_function__` (decided once per type):
-//!    those, and tensors the table fails on, go to step 3, whose refusal is then final;
-//!    a lazily negated PyTorch tensor is refused (`BufferError`). PyTorch's tensors are read
-//!    through the table's non-owning `DLTensor`, held by the tensor object itself (the same
-//!    memory and guarantee as its owning export, without its allocation and deleter);
-//! 3. `obj.__dlpack__(max_version=(1, 3), stream=...)`, retried without `max_version` on
+//! What [`import`] does with an object is decided once per type (its route; the module
+//! `import` has the table, and the invariants every route keeps):
+//! 1. a [`View`] of this crate: its tensor, as it is;
+//! 2. an exact `numpy.ndarray` whose dimensions are all longer than 1: its buffer (what its
+//!    `__dlpack__` would export, without the Python call);
+//! 3. a PyTorch tensor (a type publishing PyTorch's DLPack C exchange API capsule,
+//!    `__dlpack_c_exchange_api__`, and overriding none of `__dlpack__`, `__dlpack_device__`,
+//!    `__torch_function__`): the table's non-owning `DLTensor`, the memory pinned by a
+//!    reference to the tensor's storage (so rebinding the tensor, `set_`, `.data =`,
+//!    `torch.utils.swap_tensors`, leaves an import's memory alone). A tensor that requires
+//!    grad is read-only; a lazily negated one is refused (`BufferError`); a conjugated one, and
+//!    any the table fails on, is asked through `__dlpack__`, whose refusal is PyTorch's;
+//! 4. another type's exchange table capsule: its owning export. The DLPack 1.2 int form
+//!    (`__c_dlpack_exchange_api__`) is never dereferenced;
+//! 5. `obj.__dlpack__(max_version=(1, 3), stream=...)`, retried without `max_version` on
 //!    `TypeError` for producers older than DLPack 1.0; without a caller's stream,
 //!    `stream=None` (every device takes it); with one, a stream is passed only for device
-//!    memory, after asking `__dlpack_device__`; ROCm
-//!    producers get ROCm's values (the legacy default stream as `0`; the per-thread default
-//!    stream is refused);
-//! 4. a DLPack capsule itself (`dltensor` or `dltensor_versioned`, renamed `used_*` when
-//!    consumed; a used capsule is refused with `BufferError`);
-//! 5. `__cuda_array_interface__`, versions 0 to 3: the driver names the device and checks the
-//!    span when it can be loaded; the interface's `stream` becomes the tensor's readiness (an
-//!    event and a GPU-side wait when used, never a host synchronisation);
-//! 6. `__array_interface__` (pointer or buffer form);
-//! 7. the buffer protocol (`bytes`, `bytearray`, `array.array`, `memoryview`, `mmap`...).
+//!    memory, after asking `__dlpack_device__`; ROCm producers get ROCm's values. A legacy
+//!    capsule is read-only unless its producer is known to allow writes (NumPy, PyTorch,
+//!    CuPy; JAX and TensorFlow arrays are immutable);
+//! 6. a DLPack capsule itself (`dltensor` or `dltensor_versioned`, renamed `used_*` when
+//!    consumed; a used capsule is refused with `BufferError`); a legacy one is read-only
+//!    unless it is one of our own exports;
+//! 7. `__cuda_array_interface__`, versions 0 to 3: the driver names the device and checks the
+//!    span when it can be loaded; the interface's `stream` becomes the tensor's readiness (the
+//!    exporter, which the tensor holds, keeps that stream alive);
+//! 8. `__array_interface__` (pointer form, or a buffer asked for C-contiguously, whose extent
+//!    bounds the span);
+//! 9. the buffer protocol (`bytes`, `bytearray`, `array.array`, `memoryview`, `mmap`...).
 //!
 //! Anything else is a `TypeError` that names the type and the protocols tried.
+//!
+//! # Owned or borrowed
+//! [`import`] and [`AnyTensor`] give an owned [`Tensor`]: its owner holds what pins the
+//! memory (and the producer object), so it may be kept, sent to other threads and exported.
+//! [`TensorArg`] imports the same way for one call and owns nothing: what pins the memory is
+//! a plain reference, or the argument the call holds. It is what a `#[pyfunction]` that only
+//! reads, or launches a kernel on, its arguments takes; [`TensorArg::to_tensor`] makes an
+//! owned tensor of it when something must outlive the call.
 //!
 //! ```no_run
 //! use pyo3::prelude::*;
@@ -116,10 +128,12 @@
 //!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
-//!   [`import_on_raw`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a consumer, is handed to
-//!   the driver. A handle must name a live stream of the data's device; one that a tensor's
-//!   readiness names must stay alive as long as the tensor does (the CUDA Array Interface's
-//!   own rule for exported streams).
+//!   [`import_on_raw`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a
+//!   consumer, is handed to the driver, and must name a live stream of the data's device
+//!   during the call. No tensor's readiness names it afterwards (an event recorded on it
+//!   stands in), so it need not outlive the call. The streams a readiness does name are
+//!   default streams, PyTorch's pool streams (which PyTorch never destroys), and a CUDA Array
+//!   Interface exporter's stream, which the exporter (held by the tensor) keeps alive.
 //! - Host memory from Python is shared, not borrowed: host views of an extracted tensor
 //!   assume Python code does not write the memory meanwhile (the same assumption rust-numpy
 //!   makes without its borrow checker). Host pointers given to `from_ptr` cannot be checked.
@@ -136,43 +150,39 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod attach;
-mod buffer;
-mod capsule;
 mod convert;
 mod copy;
 mod error;
-mod exchange;
+mod export;
 mod ffi;
 mod import;
-mod interfaces;
 mod kernel;
 mod owner;
-mod producer;
-mod pydtype;
 mod python;
-mod view;
+mod share;
 
 use pyo3::prelude::*;
-use tensorbridge::Tensor;
+use tensorbridge::{Descriptor, Ready, Tensor, TensorRef};
 
 pub use error::{Error, Result};
-pub use kernel::{KernelCall, StreamSource, kernel_call};
-pub use view::View;
+pub use export::view::View;
+pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 
-/// Imports any Python tensor or array zero-copy, in the order of the crate docs. Nothing is
-/// enqueued on any stream: the tensor carries the producer's readiness (PyTorch's current
-/// stream through the DLPack C exchange API; the legacy default stream, which
+/// Imports any Python tensor or array zero-copy, in the order of the crate docs, as an owned
+/// [`Tensor`]: its owner pins the memory (for PyTorch, the tensor's storage), so it may be
+/// kept, sent to other threads and exported. Nothing is enqueued on any stream: the tensor
+/// carries the producer's readiness (PyTorch's current stream, or an event recorded on it
+/// when PyTorch does not own that stream; the legacy default stream, which
 /// `__dlpack__(stream=None)` orders, for other DLPack producers; the CUDA Array Interface's
 /// `stream`), and whoever uses it on a stream orders against that
 /// ([`tensorbridge_cuda::make_ready_on`], the cudarc adapter's views, `View.__dlpack__`).
+/// For an argument used only within one call, [`TensorArg`] costs less.
 ///
 /// Safe: it trusts the producer's protocol implementation as every consumer does (DLPack
 /// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
 /// streams they name live as long as the framework requires of its users).
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-    // SAFETY: no stream: only the legacy default stream is named, which is always live.
-    Ok(unsafe { import::import(obj, None) }?)
+    Ok(import::import_tensor(obj, import::Consumer::NONE)?)
 }
 
 /// [`import`] for a caller who will use the data on `stream` (DLPack's integer conventions:
@@ -180,13 +190,13 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
 /// `torch.cuda.current_stream().cuda_stream` and CuPy's `Stream.null.ptr` are for the
 /// default stream, read as the CUDA runtime reads a null stream: the legacy default stream).
 /// On return, work enqueued on that stream sees the producer's data; the host is never
-/// blocked.
+/// blocked. The tensor's readiness never names `stream` (an event recorded on it stands in
+/// when needed), so `stream` need only live for the call.
 ///
 /// # Safety
 /// 1. A handle in `stream` names a live CUDA stream of the device the data is on (in its
-///    primary context, as PyTorch's, CuPy's and JAX's streams are) during the call, and for
-///    as long as the returned tensor or a clone of it lives (its readiness may name it);
-///    `2` (the per-thread default stream) is used only on the calling thread.
+///    primary context, as PyTorch's, CuPy's and JAX's streams are) during the call; `2` (the
+///    per-thread default stream) is used only on the calling thread.
 pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Tensor> {
     // A null `cudaStream_t` is the legacy default stream (DLPack calls 0 ambiguous because a
     // per-thread-default build reads it otherwise; PyTorch and CuPy hand out 0 for their
@@ -195,11 +205,14 @@ pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyRe
         Some(0) => Some(1),
         other => other,
     };
-    // SAFETY: obligation 1 is `import`'s (0 became 1, the always-live legacy stream).
-    Ok(unsafe { import::import(obj, stream) }?)
+    // SAFETY: obligation 1 is `Consumer::assume`'s (0 became 1, the always-live legacy
+    // stream).
+    let consumer = unsafe { import::Consumer::assume(stream) }?;
+    Ok(import::import_tensor(obj, consumer)?)
 }
 
-/// A function argument that accepts any Python tensor or array ([`import`]).
+/// A function argument that accepts any Python tensor or array ([`import`]), owned: it may
+/// outlive the call.
 #[derive(Clone, Debug)]
 pub struct AnyTensor(pub Tensor);
 
@@ -208,6 +221,101 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyTensor {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         import(&obj).map(AnyTensor)
+    }
+}
+
+/// A function argument that accepts any Python tensor or array, borrowed for the call:
+/// imported as [`import`] imports it (the same routes, checks, refusals and readiness), but
+/// with no owner of its own: its memory is pinned by a plain reference (a PyTorch storage, a
+/// held buffer, a managed tensor) or by the argument itself, which the call holds. What it
+/// offers ends with the call: [`TensorArg::as_ref`], host views, [`kernel_call`]. Anything
+/// that must outlive the call takes [`TensorArg::to_tensor`].
+///
+/// ```no_run
+/// use pyo3::prelude::*;
+/// use tensorbridge_pyo3::TensorArg;
+///
+/// /// Sums a float32 host array from any framework, without copying it or keeping it.
+/// #[pyfunction]
+/// fn total(x: TensorArg<'_, '_>) -> Result<f32, tensorbridge_pyo3::Error> {
+///     Ok(x.as_ref().as_slice::<f32>()?.iter().sum())
+/// }
+/// ```
+pub struct TensorArg<'a, 'py> {
+    obj: Borrowed<'a, 'py, PyAny>,
+    imported: import::Imported,
+}
+
+impl<'a, 'py> TensorArg<'a, 'py> {
+    /// Imports `obj` for as long as it is borrowed ([`TensorArg`]).
+    pub fn new(obj: Borrowed<'a, 'py, PyAny>) -> Result<TensorArg<'a, 'py>> {
+        let imported = import::import(&obj, import::Consumer::NONE)?;
+        Ok(TensorArg { obj, imported })
+    }
+
+    /// The Python object.
+    pub fn object(&self) -> &Borrowed<'a, 'py, PyAny> {
+        &self.obj
+    }
+
+    /// The validated description.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.imported.desc
+    }
+
+    /// Where the data becomes ready.
+    pub fn ready(&self) -> &Ready {
+        &self.imported.ready
+    }
+
+    /// The tensor borrowed from this argument: what ordering, device views for a launch and
+    /// host views need ([`TensorRef::host_view`], [`TensorRef::as_slice`]).
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        // SAFETY: from_parts \[span\] and \[no-race\]: the import's pin, which `self` holds
+        // (or the argument it borrows, which the call holds), keeps the span valid as long as
+        // `self` is borrowed; \[ready\]: the import's readiness is true and names only
+        // streams that outlive the tensor (the import's invariants).
+        unsafe { TensorRef::from_parts(&self.imported.desc, &self.imported.ready) }
+    }
+
+    /// An owned [`Tensor`] of the same memory, for what must outlive the call: the owner
+    /// holds what pins the memory. Its readiness is settled (thread-bound streams become
+    /// events) so it may cross threads.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        let mut ready = self.imported.ready.clone();
+        if import::needs_settling(&ready, self.imported.desc.device().kind) {
+            ready = import::settled(&self.imported.desc, &ready)?;
+        }
+        let owner = self.imported.owner(&self.obj);
+        // SAFETY: from_descriptor: the owner holds the pin (`Imported::owner`), which keeps
+        // the span valid (the import's invariants);
+        let tensor = unsafe { Tensor::from_descriptor(self.imported.desc.clone(), owner) };
+        // SAFETY: with_ready: the import's readiness, settled: true, naming only streams that
+        // outlive the tensor and none bound to this thread.
+        Ok(unsafe { tensor.with_ready(ready) })
+    }
+
+    /// The framework stream the import found for this argument (PyTorch's current stream),
+    /// for `kernel_call`'s choice of stream.
+    pub(crate) fn imported(&self) -> &import::Imported {
+        &self.imported
+    }
+}
+
+impl std::fmt::Debug for TensorArg<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorArg")
+            .field("desc", &self.imported.desc)
+            .field("ready", &self.imported.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for TensorArg<'a, 'py> {
+    type Error = Error;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> Result<Self> {
+        TensorArg::new(obj)
     }
 }
 
@@ -220,9 +328,10 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<View>()?;
-    producer::install(m.py())?;
+    export::exchange::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
+    share::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

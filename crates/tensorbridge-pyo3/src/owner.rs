@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, gc::PyVisit};
 use tensorbridge::Owner;
 
-use crate::attach::attached;
+use crate::ffi::attach::attached;
 use crate::ffi::{Py_buffer, PyBuffer_Release, PyObject_GetBuffer};
 
 /// Releases a Python reference now: the real GIL held, so the object is freed at once (not
@@ -34,10 +34,14 @@ fn release_now(object: Py<PyAny>) {
     let _ = attached(|gil| gil.decref(ptr));
 }
 
-/// Keeps a Python object alive, and with it whatever owned the memory before (`inner`).
+/// Keeps a Python object alive, and with it whatever owned the memory before (`inner`, or
+/// `pinned`, another Python object: a PyTorch storage).
 pub(crate) struct KeepAlive {
     /// The previous owner (a DLPack import's deleter, a held buffer...), dropped first.
     inner: Option<Owner>,
+    /// What pins the memory when it is a Python object of its own (a PyTorch storage),
+    /// released before `object`.
+    pinned: Option<Py<PyAny>>,
     /// Held so that the producer lives as long as the tensor; taken only by `drop`.
     object: Option<Py<PyAny>>,
 }
@@ -45,6 +49,9 @@ pub(crate) struct KeepAlive {
 impl Drop for KeepAlive {
     fn drop(&mut self) {
         drop(self.inner.take());
+        if let Some(pinned) = self.pinned.take() {
+            release_now(pinned);
+        }
         if let Some(object) = self.object.take() {
             release_now(object);
         }
@@ -56,6 +63,17 @@ impl KeepAlive {
     pub(crate) fn owner(object: Py<PyAny>, inner: Option<Owner>) -> Owner {
         std::sync::Arc::new(KeepAlive {
             inner,
+            pinned: None,
+            object: Some(object),
+        })
+    }
+
+    /// An owner that holds `object` and `pinned`, the Python object that pins the memory
+    /// (released first).
+    pub(crate) fn pinning(object: Py<PyAny>, pinned: Py<PyAny>) -> Owner {
+        std::sync::Arc::new(KeepAlive {
+            inner: None,
+            pinned: Some(pinned),
             object: Some(object),
         })
     }
@@ -133,6 +151,7 @@ pub(crate) fn visit_owner(owner: &Owner, visit: &PyVisit<'_>) -> Result<(), PyTr
         let any: &(dyn std::any::Any + Send + Sync) = &**owner;
         if let Some(keep) = any.downcast_ref::<KeepAlive>() {
             visit.call(&keep.object)?;
+            visit.call(&keep.pinned)?;
             next = keep.inner.as_ref();
         } else if let Some(release) = any.downcast_ref::<Release>() {
             visit.call(&release.callback)?;

@@ -2,16 +2,16 @@
 
 use pyo3::prelude::*;
 use tensorbridge::{
-    Access, Descriptor, Device, DeviceType, RawTensor, Ready, StreamConvention, StreamRequest,
-    Tensor, stream_from_wire,
+    Access, Descriptor, Device, DeviceType, RawTensor, Ready, Stream, StreamConvention,
+    StreamRequest, Tensor, stream_from_wire,
 };
 
 use crate::convert::{
     current_cuda_ordinal, device_from_py, dtype_from_py, stream_from_py, type_name,
 };
 use crate::error::{Error, Result};
+use crate::export::view::View;
 use crate::owner::Release;
-use crate::view::View;
 
 /// asview(obj, *, stream=None)
 /// --
@@ -31,8 +31,8 @@ use crate::view::View;
 /// conventions: ``-1`` (no synchronisation), ``1`` (legacy default), ``2`` (per-thread
 /// default) or a ``cudaStream_t`` handle; ``0`` raises ValueError. When the call returns,
 /// work the caller enqueues on that stream sees the producer's data (the producer or
-/// tensorbridge made the stream wait on the GPU; the host never blocks). A handle must stay
-/// alive as long as the view lives. Host data ignores it. A ROCm producer gets it in ROCm's
+/// tensorbridge made the stream wait on the GPU; the host never blocks). A handle need only
+/// be alive during the call: the view never names it. Host data ignores it. A ROCm producer gets it in ROCm's
 /// values (``1`` becomes ROCm's default stream ``0``; ``2`` raises ValueError).
 ///
 /// With ``stream=None`` (the default) nothing is enqueued: the view remembers where the
@@ -48,9 +48,10 @@ use crate::view::View;
 pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<View> {
     let stream = stream_from_py(stream)?;
     // SAFETY: the Python caller vouches for its stream (the DLPack protocol's contract for
-    // `stream`, documented above): live on the data's device while the view lives.
-    let tensor = unsafe { crate::import::import(obj, stream) }?;
-    Ok(View::new(tensor))
+    // `stream`, documented above): live on the data's device for the call. The view never
+    // names it (`Consumer`).
+    let consumer = unsafe { crate::import::Consumer::assume(stream) }?;
+    Ok(View::new(crate::import::import_tensor(obj, consumer)?))
 }
 
 /// from_ptr(ptr, shape, dtype, *, strides=None, device=None, owner=None, release=None, readonly=False, producer_stream=None)
@@ -78,8 +79,9 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
 ///
 /// ``producer_stream`` is the CUDA stream the PRODUCER is still writing the data on (the
 /// CUDA Array Interface's ``stream`` and conventions: ``None`` when nothing is pending, ``1``
-/// legacy default, ``2`` per-thread default, or a handle that stays alive while the view
-/// lives). Consumers wait for it on the GPU. It is not ``asview``'s ``stream``, which is the
+/// legacy default, ``2`` per-thread default, or a handle alive during the call: an event is
+/// recorded on it at once, and the view names that event, not the stream). Consumers wait for
+/// it on the GPU. It is not ``asview``'s ``stream``, which is the
 /// stream the CONSUMER will read on (DLPack's conventions).
 #[pyfunction]
 #[pyo3(signature = (
@@ -153,21 +155,19 @@ fn from_ptr_impl(
     }
     .validate()?;
     check_device_span(&desc)?;
-    // Readiness that names a thread's own stream becomes an event first: that may fail, and
-    // `release` must not run for a `from_ptr` that raises (it stays the caller's), so the
-    // owner holding it is made only after everything that can fail.
-    let ready = if crate::import::needs_settling(&ready, desc.device().kind) {
-        // SAFETY: the placeholder owns nothing and is dropped here; nothing reads through it
-        // (settling records an event on the producer stream, it does not touch the memory).
-        // The caller vouches that `producer_stream` is where the data becomes ready and that
-        // it lives as long as the view (documented above).
-        let placeholder = unsafe { Tensor::from_descriptor(desc.clone(), std::sync::Arc::new(())) };
-        // SAFETY: as above.
-        let mut settled = unsafe { placeholder.with_ready(ready) };
-        crate::import::settle(&mut settled)?;
-        settled.ready().clone()
-    } else {
-        ready
+    // A readiness that names a stream handle or a thread's own stream becomes an event
+    // recorded on it now, while the caller vouches that it is alive: the view then names no
+    // stream its creator may destroy (`[ready]`). That may fail, and `release` must not run
+    // for a `from_ptr` that raises (it stays the caller's), so the owner holding it is made
+    // only after everything that can fail.
+    let ready = match ready {
+        Ready::Stream(Stream::Handle(_)) | Ready::Stream(Stream::PerThreadDefault) => {
+            crate::import::settled(&desc, &ready)?
+        }
+        ready if crate::import::needs_settling(&ready, desc.device().kind) => {
+            crate::import::settled(&desc, &ready)?
+        }
+        ready => ready,
     };
     // SAFETY: the Python caller vouches for the memory, as every raw-pointer API does (the
     // docstring says so): valid on `device` until `release` is called / `owner` is dropped,
@@ -175,8 +175,8 @@ fn from_ptr_impl(
     // confirmed that the span lies in one live allocation of that device.
     let tensor = unsafe { Tensor::from_descriptor(desc, Release::owner(release, owner)) };
     // SAFETY: the caller vouches that `producer_stream` is where the data becomes ready and
-    // that it lives as long as the view (documented above); `None` means nothing is pending;
-    // a settled readiness is an event recorded on that stream.
+    // that it is alive now; a handle became an event recorded on it just above, and the
+    // default streams always live; `None` means nothing is pending.
     Ok(unsafe { tensor.with_ready(ready) })
 }
 

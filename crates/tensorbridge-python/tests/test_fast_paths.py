@@ -171,38 +171,65 @@ def test_torch_borrowed_path_matches_torchs_owning_export():
         assert not fast.readonly
 
 
-def test_torch_borrowed_path_keeps_the_tensor_alive_and_shares_memory():
+def test_torch_path_pins_the_storage_not_only_the_tensor_object():
+    """[owner]: the view holds the tensor's storage (and the tensor object, as every view holds
+    its producer), so the memory outlives a rebinding of the object (`set_`), and is released
+    once, when the view and its users are gone."""
     torch = pytest.importorskip("torch")
-    x = torch.arange(6, dtype=torch.float32)
+    released = []
+    data = np.arange(6, dtype=np.float32)
+    root = tb.from_ptr(data.ctypes.data, (6,), "float32", device="cpu", owner=data,
+                       release=lambda: released.append(1))  # fmt: skip
+    x = torch.from_dlpack(root)  # a torch tensor whose storage releases `root` once
+    del root
     ref = weakref.ref(x)
     v = tb.asview(x)
-    del x
+    x.set_(torch.zeros(3))  # the object lets go of the storage...
     gc.collect()
-    assert ref() is not None  # the view's owner is the tensor object
+    assert released == []  # ...which the view still pins
+    assert ref() is not None  # the producer object is held too
     y = torch.from_dlpack(v)
     y[0] = 7.0
-    assert ref()[0].item() == 7.0
-    del v, y
+    assert data[0] == 7.0  # the same memory, writes visible
+    del x, y
     gc.collect()
+    assert released == []
+    del v
+    gc.collect()
+    assert released == [1]
     assert ref() is None
 
 
 def test_torch_refusals_are_kept_on_the_fast_path():
     torch = pytest.importorskip("torch")
-    grad = torch.ones(3, requires_grad=True)
-    with pytest.raises(BufferError) as ours:
-        tb.asview(grad)
-    with pytest.raises(BufferError) as torchs:
-        grad.__dlpack__()
-    assert str(ours.value) == str(torchs.value)
     conj = torch.ones(3, dtype=torch.complex64).conj()
     assert conj.is_conj()
-    with pytest.raises(BufferError):
+    with pytest.raises(BufferError) as ours:
         tb.asview(conj)
+    with pytest.raises(BufferError) as torchs:
+        conj.__dlpack__()
+    assert str(ours.value) == str(torchs.value)
     neg = torch.ones(3, dtype=torch.complex64).conj().imag
     assert neg.is_neg()
     with pytest.raises(BufferError):
         tb.asview(neg)
+
+
+def test_tensors_that_require_grad_come_out_read_only():
+    """[access]: reading a tensor that requires grad is fine (nn.Parameter inputs); writing
+    through the view would bypass autograd, so the view is read-only."""
+    torch = pytest.importorskip("torch")
+    grad = torch.ones(3, requires_grad=True)
+    v = tb.asview(grad)
+    assert v.readonly and v.ptr == grad.data_ptr()
+    param = torch.nn.Parameter(torch.arange(4.0))
+    p = tb.asview(param)
+    assert p.readonly and p.ptr == param.data_ptr() and p.shape == (4,)
+    a = np.from_dlpack(p)
+    assert not a.flags.writeable
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError):
+        a[0] = 1.0
 
 
 # -- the three-tensor extension call (benches/python/compare.py's subject) ---------------

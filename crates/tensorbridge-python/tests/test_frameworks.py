@@ -7,8 +7,10 @@ the 15 dtypes they share, the test checks that
 - the consumer's tensor has the producer's data pointer (read independently of tensorbridge,
   see ``frameworks.py``) and the same values;
 - writes are visible both ways: one through the consumer seen by the producer, one through
-  the producer seen by the consumer; JAX and TF are immutable by design, so on their side a
-  third framework that imports the same view writes, and its write must show in both.
+  the producer seen by the consumer; JAX and TF are immutable by design: as consumers of a
+  writable producer, a third framework that imports the same view writes on their side, and
+  its write must show in both; as producers their views are read-only, nothing writes, and
+  JAX and TF as consumers (which ask for legacy capsules, with no read-only flag) are refused.
 
 The only pairs that do not share memory are the ones the frameworks themselves refuse, and
 those are asserted exactly (see ``EXPECTED_REFUSALS``). NumPy bfloat16 (ml_dtypes) has no DLPack
@@ -77,9 +79,9 @@ def test_asview_describes_producer(tb, producer, dtype):
     assert v.ndim == 2
     assert v.device == "cpu"
     assert v.__dlpack_device__() == (1, 0)
-    # DLPack producers here export writable memory (JAX/TF through legacy capsules, which
-    # cannot say otherwise; NumPy and torch through versioned ones without READ_ONLY)
-    assert v.readonly is False
+    # [access]: JAX and TF arrays are immutable; their legacy capsules cannot say so, so the
+    # view is read-only unless the producer is known to hand out writable memory (NumPy, torch)
+    assert v.readonly is (not p.writable)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -101,9 +103,22 @@ def test_producer_to_consumer_zero_copy(tb, producer, consumer, dtype):
         assert v.ptr == p.ptr(x)
         return
 
+    if not p.writable and not c.writable:
+        # An immutable producer's view is read-only, and JAX and TF ask for legacy capsules,
+        # which cannot carry the flag: refused rather than handed writable memory.
+        with pytest.raises(BufferError, match="read-only"):
+            c.consume(v)
+        return
+
     y = c.consume(v)
     assert c.ptr(y) == p.ptr(x), f"{producer} -> {consumer} copied"
     assert_same_values(c.read(y), values)
+    if not p.writable:
+        # Zero-copy is shown by the pointer and the values; nothing writes into an immutable
+        # producer's memory (NumPy hands the read-only flag on; torch 2.11 ignores it).
+        if consumer == "numpy":
+            assert not y.flags.writeable
+        return
 
     # Writes both ways: through the consumer at flat index 0 (seen by the producer), through
     # the producer at flat index 1 (seen by the consumer). A side that cannot write (JAX and
@@ -142,6 +157,10 @@ def test_consumer_keeps_memory_after_producer_and_view_are_gone(tb, producer, co
     p, c = require(BY_NAME[producer]), require(BY_NAME[consumer])
     values = sample("float32", (64, 64))
     x = p.make(values)
+    if not p.writable and not c.writable:
+        with pytest.raises(BufferError, match="read-only"):
+            c.consume(tb.asview(x))  # see test_producer_to_consumer_zero_copy
+        return
     y = c.consume(tb.asview(x))
     ptr = p.ptr(x)
     del x
@@ -190,15 +209,18 @@ def test_torch_exchange_api_producer(tb):
     assert base[1, 2].item() == -1
 
 
-def test_torch_requires_grad_is_refused_cleanly(tb):
-    """torch refuses to export a tensor that requires grad (BufferError from __dlpack__); the
-    view must not be made by going around that refusal silently."""
+def test_torch_requires_grad_is_viewed_read_only(tb):
+    """torch refuses to export a tensor that requires grad; a view of it is read-only instead
+    (reading it is fine, as C++ extensions and tvm-ffi read nn.Parameter inputs; writing would
+    bypass autograd), and the detached tensor is writable."""
     torch = pytest.importorskip("torch")
     t = torch.zeros(3, requires_grad=True)
-    with pytest.raises((BufferError, RuntimeError), match="grad"):
-        tb.asview(t)
-    v = tb.asview(t.detach())
-    assert v.ptr == t.data_ptr()
+    v = tb.asview(t)
+    assert v.readonly and v.ptr == t.data_ptr()
+    with pytest.raises(BufferError, match="read-only"):
+        v.__dlpack__()  # a legacy capsule cannot say read-only
+    w = tb.asview(t.detach())
+    assert w.ptr == t.data_ptr() and not w.readonly
 
 
 def test_tensorflow_dlpack_functions(tb):
@@ -211,12 +233,19 @@ def test_tensorflow_dlpack_functions(tb):
     cap = tf.experimental.dlpack.to_dlpack(t)
     v = tb.asview(cap)
     assert v.ptr == BY_NAME["tensorflow"].ptr(t)
+    # a bare legacy capsule's producer is unknown: read-only ([access])
+    assert v.readonly
     with pytest.raises(TypeError):
         tf.experimental.dlpack.from_dlpack(v)  # not a capsule: TF's own TypeError
-    back = tf.experimental.dlpack.from_dlpack(v.__dlpack__())
-    assert BY_NAME["tensorflow"].ptr(back) == v.ptr
+    with pytest.raises(BufferError, match="read-only"):
+        v.__dlpack__()  # a legacy capsule cannot carry the read-only flag
+    # a writable producer's view goes back to TF zero-copy
+    a = np.arange(8, dtype=np.float32)
+    w = tb.asview(a)
+    back = tf.experimental.dlpack.from_dlpack(w.__dlpack__())
+    assert BY_NAME["tensorflow"].ptr(back) == w.ptr == a.ctypes.data
     if hasattr(tf, "from_dlpack"):
-        assert BY_NAME["tensorflow"].ptr(tf.from_dlpack(v)) == v.ptr
+        assert BY_NAME["tensorflow"].ptr(tf.from_dlpack(w)) == w.ptr
     else:
         assert tf.__version__.startswith("2.21"), "tf.from_dlpack is absent: check the TF pin"
 
@@ -230,7 +259,6 @@ TORCH_REFUSALS = {
     "quantized": lambda torch: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
     "bits": lambda torch: torch.zeros(3, dtype=torch.bits8),
     "meta": lambda torch: torch.empty(3, device="meta"),
-    "requires_grad": lambda torch: torch.ones(3, requires_grad=True),
     "conj": lambda torch: torch.ones(3, dtype=torch.complex64).conj(),
 }
 

@@ -96,7 +96,7 @@ def test_module_names_match(stub):
     assert set(tensorbridge.__all__) == declared | {"__version__"}
 
 
-@pytest.mark.parametrize("name", ["asview", "from_ptr"])
+@pytest.mark.parametrize("name", ["asview", "from_ptr", "share", "open"])
 def test_function_signatures_match(stub, name):
     fn = _functions(stub.body)[name]
     assert _stub_params(fn) == _runtime_params(getattr(_native, name))
@@ -123,6 +123,25 @@ def test_view_methods_match(stub):
         assert _stub_params(fn, skip_self=True) == _runtime_params(
             getattr(_native.View, name), skip_self=True
         ), name
+
+
+def _class(stub, name):
+    (cls,) = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return cls
+
+
+def test_handle_matches(stub):
+    cls = _class(stub, "Handle")
+    fns = _functions(cls.body)
+    declared = {n for n, f in fns.items() if _is_property(f)}
+    runtime = {n for n, v in vars(_native.Handle).items() if inspect.isgetsetdescriptor(v)}
+    assert declared == runtime
+    assert {n for n in dir(_native.Handle) if not n.startswith("_")} == {
+        n for n in fns if not n.startswith("_")
+    }
+    assert _stub_params(fns["__init__"], skip_self=True) == _runtime_params(
+        _native.Handle, skip_self=True
+    )
 
 
 def _annotation(fn, param):

@@ -5,6 +5,8 @@
 //  - tb_tch_storage_release: drops such a reference (exactly once per describe that took one);
 //  - tb_tch_storage_use_count: the count of a tensor's storage (the tests count with it);
 //  - tb_tch_current_stream: libtorch's current stream of a device, as a raw handle;
+//  - tb_tch_current_stream_id: the same, with libtorch's id for it (which says whether the
+//                           stream is one of libtorch's own or an external one);
 //  - tb_tch_from_blob:      `at::for_blob` with a context and its deleter, which libtorch calls
 //                           exactly once, when the storage is freed (tch's `from_blob` has none);
 //  - tb_tch_to_dlpack_versioned: libtorch's own DLPack export (the tests use it).
@@ -159,6 +161,20 @@ int tb_tch_current_stream(int8_t device_type, int8_t device_index, void** out,
     const auto* impl = c10::impl::getDeviceGuardImpl(type);
     c10::Stream stream = impl->getStream(c10::Device(type, device_index));
     *out = stream.native_handle();
+  });
+}
+
+int tb_tch_current_stream_id(int8_t device_type, int8_t device_index, void** out, int64_t* id,
+                             char** err) noexcept {
+  return guarded(err, [&] {
+    auto type = static_cast<c10::DeviceType>(device_type);
+    const auto* impl = c10::impl::getDeviceGuardImpl(type);
+    c10::Stream stream = impl->getStream(c10::Device(type, device_index));
+    *out = stream.native_handle();
+    // c10/cuda's `StreamId`: 0 for the default stream, odd for the streams of libtorch's own
+    // pools, and the `cudaStream_t` itself (even, nonzero) for a stream made from an external
+    // handle (`getStreamFromExternal`, `torch.cuda.ExternalStream`).
+    *id = static_cast<int64_t>(stream.id());
   });
 }
 

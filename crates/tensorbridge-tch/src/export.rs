@@ -3,7 +3,6 @@
 
 use std::borrow::Cow;
 use std::ffi::c_void;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 
 #[cfg(doc)]
@@ -61,8 +60,9 @@ struct Release {
 /// libtorch's caching allocator does for its own blocks: kernels libtorch enqueued there
 /// may still read the memory.
 ///
-/// Never unwinds into libtorch: if dropping the owner panics (owners must not: a panicking drop is a bug) the
-/// process aborts here, which is also what Rust does for a panic that reaches `extern "C"`.
+/// Never unwinds into libtorch, and never aborts: if dropping the owner panics (owners must
+/// not: a panicking drop is a bug), the panic is caught and reported, and what was left to
+/// release leaks (`tensorbridge::callback`, the one policy for such entries).
 ///
 /// # Safety
 /// 1. `ctx` came from `Box::into_raw` of a `Box<Release>` in [`export_with`], and this is
@@ -70,7 +70,7 @@ struct Release {
 unsafe extern "C" fn release(ctx: *mut c_void) {
     // SAFETY: obligation 1: the box's own pointer, turned back into the box exactly once.
     let boxed = unsafe { Box::from_raw(ctx.cast::<Release>()) };
-    let done = catch_unwind(AssertUnwindSafe(move || {
+    tensorbridge::callback::foreign_entry("libtorch's deleter (tensorbridge-tch)", (), move || {
         let Release { owner, cuda } = *boxed;
         match cuda {
             // SAFETY: `stream` was libtorch's current stream of device `ordinal` when the
@@ -81,10 +81,7 @@ unsafe extern "C" fn release(ctx: *mut c_void) {
             },
             None => drop(owner),
         }
-    }));
-    if done.is_err() {
-        std::process::abort();
-    }
+    });
 }
 
 /// The libtorch device for a core device: CPU (and pinned host memory, which libtorch treats

@@ -369,6 +369,17 @@ unsafe extern "C" {
         err: *mut *mut c_char,
     ) -> i32;
 
+    /// [`tb_tch_current_stream`], with libtorch's `StreamId` for the stream in `*id` (0: the
+    /// default stream; odd: a stream of libtorch's pools; even and nonzero: an external
+    /// stream, whose id is its handle).
+    pub(crate) fn tb_tch_current_stream_id(
+        device_type: TorchDeviceType,
+        device_index: i8,
+        out: *mut *mut c_void,
+        id: *mut i64,
+        err: *mut *mut c_char,
+    ) -> i32;
+
     /// `at::for_blob(data, sizes).context(ctx, release).strides(strides)...make_tensor()`,
     /// as a new heap tensor in `*out`. `ctx` is released exactly once on every path: by
     /// libtorch when the storage is freed, or before a failing call returns.

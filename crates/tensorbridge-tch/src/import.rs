@@ -69,13 +69,47 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
     Ok(tensorbridge_cuda::stream_from_raw(handle.cast()))
 }
 
+/// libtorch's current stream of CUDA device `index` on this thread, and whether it is an
+/// external stream (made from a handle libtorch does not own: `torch.cuda.ExternalStream`,
+/// `getStreamFromExternal`), which nothing promises to keep alive past the call.
+fn current_cuda_stream_life(index: i8) -> Result<(Stream, bool), Error> {
+    let mut handle = ptr::null_mut();
+    let mut id = 0i64;
+    let mut err = ptr::null_mut();
+    // SAFETY: plain values and three live out-parameters the shim writes once each.
+    let status = unsafe {
+        ffi::tb_tch_current_stream_id(TorchDeviceType::CUDA, index, &mut handle, &mut id, &mut err)
+    };
+    // SAFETY: `err` is what this call stored.
+    unsafe { ffi::check("tb_tch_current_stream_id", status, err) }?;
+    Ok((
+        tensorbridge_cuda::stream_from_raw(handle.cast()),
+        is_external_stream_id(id),
+    ))
+}
+
+/// Whether a c10/cuda `StreamId` names an external stream: its id is the stream's handle, an
+/// even, nonzero number (the default stream is 0; libtorch's pool streams have the low bit
+/// set, which no aligned handle has).
+pub(crate) fn is_external_stream_id(id: i64) -> bool {
+    id != 0 && id & 1 == 0
+}
+
 /// Runs `f` with libtorch's current stream of CUDA device `ordinal` on this thread (tch has
 /// no stream API, so from Rust this is libtorch's default stream unless C++ code set
-/// another), borrowed as a cudarc stream: a cudarc kernel launched on it is ordered after the
-/// libtorch work enqueued before it and before the libtorch work enqueued after it, with no
-/// event and no host wait, like a libtorch operation. With [`import`] for the arguments and
-/// the cudarc adapter's `KernelArgs` for checked views, that is a kernel of your own on tch
-/// tensors, read and written in place.
+/// another), as a cudarc stream: a cudarc kernel launched on it is ordered after the libtorch
+/// work enqueued before it and before the libtorch work enqueued after it, with no host
+/// wait, like a libtorch operation. With [`import`] for the arguments and the cudarc
+/// adapter's `KernelArgs` for checked views, that is a kernel of your own on tch tensors,
+/// read and written in place.
+///
+/// libtorch's default stream and its pool streams live for the process: `f` gets the stream
+/// itself (no event at all). An external stream (made current from a handle libtorch does not
+/// own: `getStreamFromExternal`, Python's `torch.cuda.ExternalStream`) may be destroyed as
+/// soon as the call returns, so `f` gets a stream of the CUDA layer instead, forked from it
+/// and joined back to it on the GPU (`tensorbridge_cuda::StreamLife::CallOnly`): the same
+/// order, and no clone of the stream `f` sees, kept however long, ever names the external
+/// stream.
 ///
 /// The caller's CUDA context is restored after `f`. Without libcuda, the CUDA layer's
 /// `NoDriver`; an ordinal above 127, [`Error::OrdinalOutOfRange`].
@@ -83,16 +117,17 @@ pub(crate) fn current_cuda_stream(index: i8) -> Result<Stream, Error> {
 /// ```no_run
 /// # fn demo(x: &tch::Tensor, y: &tch::Tensor, f: &cudarc::driver::CudaFunction)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
-/// use cudarc::driver::{LaunchConfig, PushKernelArg};
+/// use cudarc::driver::PushKernelArg;
 /// // SAFETY: nothing resizes x's or y's storage while xt and yt live.
 /// let (xt, yt) = unsafe { (tensorbridge_tch::import(x)?, tensorbridge_tch::import(y)?) };
 /// tensorbridge_tch::with_current_stream(0, |stream| {
 ///     let args = tensorbridge_cudarc::KernelArgs::new(stream);
 ///     let (xv, mut yv) = (args.input::<f32>(&xt)?, args.output::<f32>(&yt)?);
-///     let n = yv.numel() as u32;
-///     // SAFETY: `f` is `(const float*, float*, unsigned)` over `n` contiguous floats.
-///     unsafe { stream.launch_builder(f).arg(&xv).arg(&mut yv).arg(&n)
-///         .launch(LaunchConfig::for_num_elems(n))? };
+///     let n = yv.numel();
+///     // SAFETY: `f` is `(const float*, float*, long long)`, a grid-stride loop over `n`
+///     // contiguous floats.
+///     unsafe { stream.launch_builder(f).arg(&xv).arg(&mut yv).arg(&(n as i64))
+///         .launch(tensorbridge_cudarc::grid_stride(n))? };
 ///     Ok::<(), tensorbridge_cudarc::Error>(())
 /// })??;
 /// // libtorch's next operations on y run after the kernel, on the same stream.
@@ -105,12 +140,16 @@ pub fn with_current_stream<R>(
     let index = i8::try_from(ordinal).map_err(|_| Error::OrdinalOutOfRange {
         device: Device::cuda(ordinal),
     })?;
-    let stream = current_cuda_stream(index)?;
-    // SAFETY: libtorch's current streams are its default stream (always live) or streams of
-    // its pools, which it never destroys; a stream set from C++ outside the pools must
-    // outlive the work that uses it, which libtorch itself requires. So the stream is live
-    // for the process, and no keeper is needed.
-    Ok(unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, None, f) }?)
+    let (stream, external) = current_cuda_stream_life(index)?;
+    let life = if external {
+        tensorbridge_cuda::StreamLife::CallOnly
+    } else {
+        tensorbridge_cuda::StreamLife::Immortal
+    };
+    // SAFETY: libtorch's current stream is live now (it is current). Its default stream and
+    // pool streams are never destroyed (`Immortal`); an external one is promised nothing
+    // past the call, and is used only for it (`CallOnly`).
+    Ok(unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, life, f) }?)
 }
 
 /// A tch tensor as a core [`Tensor`], zero-copy: same memory, same shape, strides in
@@ -284,6 +323,20 @@ fn readiness(device: Device, device_index: i8) -> Result<Ready, Error> {
 mod tests {
     use super::*;
     use tch::{Device as TchDevice, Kind};
+
+    /// c10/cuda's stream ids: 0 is the default stream, odd ids are libtorch's pool streams
+    /// (`(index << 5 | type << 1) | 1`, by `CUDAStream.cpp`), an external stream's id is its
+    /// handle (even: a pointer).
+    #[test]
+    fn external_streams_are_told_by_their_id() {
+        assert!(!is_external_stream_id(0), "the default stream");
+        for pool in [1, 0b11, (3 << 5) | (1 << 1) | 1, (31 << 5) | (2 << 1) | 1] {
+            assert!(!is_external_stream_id(pool), "pool stream id {pool:#x}");
+        }
+        for handle in [0x5555_0000_1000_i64, 0x7f12_3456_7890, 2 << 40] {
+            assert!(is_external_stream_id(handle), "external stream {handle:#x}");
+        }
+    }
 
     /// The reference count of `t`'s storage, as libtorch keeps it.
     fn use_count(t: &tch::Tensor) -> i64 {

@@ -23,8 +23,10 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// Device `ordinal`'s primary context. Checks for libcuda first: without it cudarc panics on
 /// first use with a message that does not say a GPU was expected.
 pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: only tries to load libcuda by its usual names, as any use of cudarc would.
+    let present = unsafe { sys::is_culib_present() };
     ensure!(
-        tensorbridge_cuda::driver_present(),
+        present,
         "libcuda not found: the gpu-tests feature expects an NVIDIA GPU and driver \
          (LD_LIBRARY_PATH={:?})",
         std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
@@ -214,6 +216,25 @@ pub fn assert_exact(found: &[f32], expected: &[f32], what: &str) {
 /// A timing-enabled event recorded on `stream` now.
 pub fn timing_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent> {
     Ok(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+/// Polls `done` every millisecond until it is true or `timeout` has passed; how long it took
+/// (`None`: never). For releases that happen on another thread, a bounded time after an
+/// event.
+pub fn wait_until(
+    timeout: std::time::Duration,
+    done: impl Fn() -> bool,
+) -> Option<std::time::Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if done() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// How many of `found` differ, bit for bit, from `expected`.

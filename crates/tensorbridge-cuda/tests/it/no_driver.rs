@@ -87,6 +87,32 @@ fn driver_calls_report_no_driver() {
         tensorbridge_cuda::check_span(t.descriptor()),
         Err(Error::NoDriver)
     ));
+    assert!(matches!(
+        tensorbridge_cuda::settle(t.as_ref()),
+        Err(Error::NoDriver)
+    ));
+    assert!(matches!(
+        tensorbridge_cuda::wait_ready(t.as_ref()),
+        Err(Error::NoDriver)
+    ));
+    // SAFETY: the per-thread default stream is live; the tensor is borrowed for the call.
+    let borrowed = unsafe { tensorbridge_cuda::make_ready_on_raw(t.as_ref(), consumer) };
+    assert!(matches!(borrowed, Err(Error::NoDriver)));
+    assert!(matches!(
+        tensorbridge_cuda::copy::DeviceBuffer::alloc(0, 16),
+        Err(Error::NoDriver)
+    ));
+    // Retired owners: no device work can be pending without a driver, so they go at once.
+    let counter = tensorbridge_testkit::DropCounter::new();
+    // SAFETY: the legacy default stream is always a live stream.
+    unsafe {
+        tensorbridge_cuda::retire_all_on_raw(
+            0,
+            Stream::LegacyDefault,
+            [counter.owner(), counter.owner()],
+        )
+    };
+    assert_eq!(counter.drops(), 2);
     assert_eq!(tensorbridge_cuda::reclaim(), 0);
     assert_eq!(
         Error::NoDriver.to_string(),

@@ -15,8 +15,8 @@ mod contexts;
 mod devices;
 mod dtypes;
 mod graphs;
-mod handoff;
-mod pointer;
+mod ipc;
+mod kernels;
 mod roundtrip;
 
 use cudarc::driver::{CudaSlice, DevicePtr};

@@ -9,7 +9,11 @@ fn nvrtc_missing_or_present_never_panics() {
     match ptx(src, "k") {
         Ok(p) => assert!(tensorbridge_cudarc::nvrtc_present() && p.to_src().contains(".entry k")),
         Err(e) => {
-            assert!(!tensorbridge_cudarc::nvrtc_present());
+            assert!(
+                !tensorbridge_cudarc::nvrtc_present(),
+                "libnvrtc at {:?} failed: {e}",
+                tensorbridge_cudarc::nvrtc_path()
+            );
             assert!(matches!(e, Error::NoNvrtc), "{e:?}");
             assert_eq!(
                 e.to_string(),
@@ -45,6 +49,16 @@ fn kernel_layout_rank_limit() {
         "the tensor has 9 dimensions but a kernel layout holds at most 8 (expected a tensor of rank <= 8; reshape or make it contiguous and flatten it)"
     );
     assert!(KernelLayout::new(&shape[..8], &shape[..8]).is_ok());
+    // Strides of another length: refused, not filled with zeros (a broadcast the tensor is
+    // not) or cut short.
+    assert!(matches!(
+        KernelLayout::new(&[3, 4], &[1]),
+        Err(Error::Core(tensorbridge::Error::RankMismatch {
+            shape: 2,
+            strides: 1
+        }))
+    ));
+    assert!(KernelLayout::new(&[3], &[1, 3]).is_err());
 }
 
 #[test]
@@ -65,5 +79,46 @@ fn driver_errors_convert_with_question_mark() {
             })
         ),
         "{e:?}"
+    );
+}
+
+/// Where libnvrtc is found (in CI: the managed venv's wheel, through `$VIRTUAL_ENV`), its
+/// options take effect: `-D` defines reach the source, a real architecture gives a CUBIN
+/// (an ELF image) instead of PTX text, and errors carry NVRTC's log.
+#[test]
+fn nvrtc_options_take_effect_where_nvrtc_is_found() {
+    use tensorbridge_cudarc::{Arch, CompileOptions, ptx_with};
+    if !tensorbridge_cudarc::nvrtc_present() {
+        println!("no libnvrtc here: covered where one is found");
+        return;
+    }
+    println!(
+        "libnvrtc: {:?}, version {:?}",
+        tensorbridge_cudarc::nvrtc_path(),
+        tensorbridge_cudarc::nvrtc_version()
+    );
+    let src = "#ifndef WANTED\n#error WANTED is not defined\n#endif\n\
+               extern \"C\" __global__ void k(float* x) { x[0] = WANTED; }";
+    let refused = ptx_with(src, "k", &CompileOptions::new()).unwrap_err();
+    assert!(
+        matches!(&refused, Error::Compile { log, .. } if log.contains("WANTED is not defined")),
+        "{refused}"
+    );
+    let text = ptx_with(src, "k", &CompileOptions::new().define("WANTED", "2.5f")).unwrap();
+    assert!(text.to_src().contains(".entry k"));
+    let cubin = ptx_with(
+        src,
+        "k",
+        &CompileOptions::new()
+            .define("WANTED", "2.5f")
+            .arch(Arch::Named("sm_80".into())),
+    )
+    .unwrap();
+    // cudarc's `Ptx` shows a binary image only through `Debug`: an ELF file (0x7f 'E' 'L' 'F').
+    let shown = format!("{cubin:?}");
+    assert!(
+        shown.contains("Binary([127, 69, 76, 70,"),
+        "{}",
+        &shown[..shown.len().min(80)]
     );
 }

@@ -5,6 +5,7 @@ mod dlpark_interop;
 mod edited_export;
 mod export;
 mod import;
+mod lent;
 mod own_export;
 mod ownership;
 mod producer;

@@ -57,11 +57,12 @@ fn own_versioned_export_comes_back_with_its_owner_and_readiness() {
 }
 
 #[test]
-fn own_legacy_export_comes_back_with_the_callers_access() {
+fn own_legacy_export_comes_back_with_the_access_it_was_exported_with() {
     let counter = DropCounter::new();
     let t = counted_host(&counter);
 
-    // Writable export, imported read-only: the same owner, made read-only.
+    // Writable export, imported by a caller that knows nothing of its producer (ReadOnly):
+    // ours, so the fast path, the same owner, and the access it was lent with.
     let raw = NonNull::new(
         export_legacy(&t, ReadOnlyPolicy::Refuse)
             .unwrap()
@@ -73,11 +74,11 @@ fn own_legacy_export_comes_back_with_the_callers_access() {
         .unwrap()
         .into_tensor();
     assert!(Arc::ptr_eq(back.owner(), t.owner()));
-    assert!(back.is_readonly());
+    assert!(!back.is_readonly());
     drop(back);
 
-    // Read-only export (flag discarded), imported writable on the caller's word: the general
-    // way, so the owner is a new wrapper around the managed tensor, released once.
+    // Read-only export (flag discarded), imported writable on the caller's word: still
+    // read-only, as it was lent: an export of ours never comes back wider.
     let ro = t.clone().into_readonly();
     let raw = NonNull::new(
         export_legacy(&ro, ReadOnlyPolicy::Discard)
@@ -90,15 +91,11 @@ fn own_legacy_export_comes_back_with_the_callers_access() {
     let back = unsafe { import_legacy(raw, Access::ReadWrite) }
         .unwrap()
         .into_tensor();
-    assert!(!Arc::ptr_eq(back.owner(), t.owner()));
-    assert!(!back.is_readonly());
+    assert!(Arc::ptr_eq(back.owner(), t.owner()));
+    assert!(back.is_readonly());
     assert_eq!(back.data_ptr(), t.data_ptr());
     drop((ro, t));
-    assert_eq!(
-        counter.drops(),
-        0,
-        "the general import keeps the export alive"
-    );
+    assert_eq!(counter.drops(), 0, "the import keeps the memory alive");
     drop(back);
     assert_eq!(counter.drops(), 1);
 }

@@ -27,12 +27,15 @@ fn kernel_calls_refuse_host_memory() {
     with_py(|py| {
         let a = eval(py, "bytearray(8)", &[]).unwrap();
         let b = eval(py, "bytearray(8)", &[]).unwrap();
+        let a = tensorbridge_pyo3::TensorArg::new(a.as_borrowed()).unwrap();
+        let b = tensorbridge_pyo3::TensorArg::new(b.as_borrowed()).unwrap();
         let mut ran = false;
-        let err = tensorbridge_pyo3::kernel_call(&[&a, &b], |_| {
+        let err: pyo3::PyErr = tensorbridge_pyo3::kernel_call(&[&a, &b], |_| {
             ran = true;
             Ok(())
         })
-        .unwrap_err();
+        .unwrap_err()
+        .into();
         assert!(!ran);
         assert!(err.is_instance_of::<PyValueError>(py), "{err}");
         assert!(

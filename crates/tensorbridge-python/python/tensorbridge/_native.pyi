@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence, Tuple, Type, Uni
 import numpy
 import torch
 
-__all__ = ["View", "asview", "from_ptr", "__version__"]
+__all__ = ["View", "asview", "from_ptr", "Handle", "share", "open", "__version__"]
 
 __version__: str
 
@@ -112,3 +112,41 @@ def from_ptr(
     """A view of memory given by its address (CUDA pointers are checked by the driver).
     ``producer_stream``: the stream the PRODUCER is still writing on (CUDA Array Interface
     conventions)."""
+
+@final
+class Handle:
+    """A share of a CUDA tensor (``share`` makes one, ``open`` takes one): a few hundred
+    bytes that pickle as they are. Whoever holds them can map the tensor's whole allocation
+    from any process of the same user on the same machine while the share lives."""
+
+    def __init__(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        """A handle from its bytes, checked (format, version, checksum, sizes, offsets)."""
+    def __bytes__(self) -> bytes: ...
+    def __reduce__(self) -> Tuple[Type["Handle"], Tuple[bytes]]: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        """Strides in elements."""
+    @property
+    def dtype_name(self) -> str: ...
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def device_uuid(self) -> str:
+        """The GPU, as ``nvidia-smi -L`` names it."""
+    @property
+    def producer_pid(self) -> int: ...
+
+def share(obj: Any, *, consumers: int = 1) -> Handle:
+    """Shares a CUDA tensor of any framework with other processes, zero-copy. The memory
+    stays alive while the handle lives, and after it until ``consumers`` processes have
+    opened it and every process that did has released it."""
+
+def open(
+    handle: Union[Handle, bytes, bytearray, memoryview], *, stream: Optional[int] = None
+) -> View:
+    """A View of a tensor another process shared, on its GPU. ``stream``: the stream this
+    process uses the data on (``None``: the legacy default stream)."""

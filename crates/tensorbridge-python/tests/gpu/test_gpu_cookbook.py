@@ -52,3 +52,10 @@ def test_demo_on_the_gpu():
     print(out.getvalue())
     assert ok, out.getvalue()
     assert all(r.get("ptr") is True for r in rows)
+
+
+def test_tensor_from_another_process():
+    pytest.importorskip("torch")
+    r = importlib.import_module("tensor_from_another_process").main("cuda")
+    assert r["zero_copy"] and r["sum_ok"] and r["write_seen"]
+    assert r["released"] == 1

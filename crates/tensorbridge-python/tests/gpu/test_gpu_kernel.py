@@ -266,3 +266,83 @@ def test_captured_in_a_cuda_graph_and_replayed(torch):
     torch.cuda.synchronize()
     assert bool(torch.all(y == 200.0)), y[:4]
     del g
+
+
+# -- the second recipe: a strided 2-D kernel (`add_transposed`) and a caller's stream -------
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "a_transposed", "b_sliced", "out_transposed"])
+def test_add_transposed_takes_every_layout_in_place(torch, layout):
+    """``out = a + b.T`` with a 2-D grid reading strides from ``tb_layout``: transposed and
+    sliced arguments are read and written in place (same pointers), the values right."""
+    m, n = 257, 131  # not multiples of the 16 x 16 block
+    a = torch.randn(m, n, device="cuda")
+    b = torch.randn(n, m, device="cuda")
+    out = torch.zeros(m, n, device="cuda")
+    if layout == "a_transposed":
+        a = torch.randn(n, m, device="cuda").t()
+    elif layout == "b_sliced":
+        b = torch.randn(n, 2 * m, device="cuda")[:, ::2]
+    elif layout == "out_transposed":
+        out = torch.zeros(n, m, device="cuda").t()
+    ptr = out.data_ptr()
+    ext.add_transposed(a, b, out)
+    torch.cuda.synchronize()
+    assert out.data_ptr() == ptr
+    assert torch.allclose(out, a + b.t()), (out - (a + b.t())).abs().max()
+
+
+def test_add_transposed_after_a_busy_producer(torch, torch_cycles):
+    """The 2-D kernel is ordered after ~100 ms of work on the current stream, like axpy."""
+    a = torch.zeros(64, 32, device="cuda")
+    b = torch.ones(32, 64, device="cuda")
+    out = torch.zeros(64, 32, device="cuda")
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(torch_cycles)
+        a.fill_(2.0)
+        ext.add_transposed(a, b, out)
+        busy = not s.query()
+    s.synchronize()
+    assert busy, "the host waited for the producer"
+    assert bool(torch.all(out == 3.0))
+
+
+def test_add_transposed_refuses_shapes_that_do_not_fit(torch):
+    a = torch.zeros(4, 3, device="cuda")
+    with pytest.raises(ValueError, match=r"expected a \(m, n\), b \(n, m\)"):
+        ext.add_transposed(a, torch.zeros(4, 3, device="cuda"), torch.zeros(4, 3, device="cuda"))
+
+
+def test_axpy_on_a_stream_the_caller_chose(torch, torch_cycles):
+    """``kernel_call_on``: the kernel runs on the caller's stream (a torch pool stream given
+    as a ``torch.cuda.Stream``, then the same stream as an int), after the work on it."""
+    x = torch.zeros(N, device="cuda")
+    y = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(torch_cycles)
+        x.fill_(3.0)
+    ext.axpy_on(2.0, x, y, s)  # the current stream is the default one; the kernel runs on s
+    ext.axpy_on(1.0, x, y, s.cuda_stream)
+    assert not s.query(), "the host waited for the producer"
+    s.synchronize()
+    assert bool(torch.all(y == 10.0)), y[:8]
+
+
+def test_jax_input_on_a_caller_stream(torch):
+    """A JAX array has no current stream to give: it is an input (read-only) on the caller's
+    stream; as an output it is refused (immutable)."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    x = jnp.full((1024,), 2.0, dtype=jnp.float32)
+    y = torch.zeros(1024, device="cuda")
+    s = torch.cuda.Stream()
+    ext.axpy_on(1.5, x, y, s)
+    s.synchronize()
+    assert bool(torch.all(y == 3.0))
+    with pytest.raises(BufferError):
+        ext.axpy_on(1.0, torch.zeros(1024, device="cuda"), jnp.zeros(1024, dtype=jnp.float32), s)
+    del jax

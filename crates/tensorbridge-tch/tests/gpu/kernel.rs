@@ -163,3 +163,17 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
     );
     Ok(())
 }
+
+/// libtorch's default stream lives for the process: `with_current_stream` lends it as it is
+/// (the same handle, no fork), where an external stream would get a stream of the CUDA layer
+/// (`StreamLife::CallOnly`, tested with raw streams in tensorbridge-cuda's GPU suite; the id
+/// rule that tells them apart is a unit test of this crate).
+#[test]
+fn libtorchs_own_current_stream_is_lent_as_it_is() -> Result<()> {
+    let _serial = serial();
+    let _ctx = context(0)?;
+    let _ = tch::Tensor::zeros([1], (Kind::Float, TchDevice::Cuda(0))); // libtorch's CUDA up
+    let lent = with_current_stream(0, |s| s.cu_stream() as usize)?;
+    ensure!(lent == 0, "the default stream was lent as {lent:#x}");
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! The producer's side: a tensor becomes a share (a lifetime slot, an interprocess event for
+//! its pending work, the legacy IPC handle of its whole allocation) and a handle; the shares
+//! whose producer handle is gone wait in limbo, owner and all, until their last consumer has
+//! let go.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+
+use tensorbridge::{DeviceType, Tensor};
+
+use super::cuda::{IpcEvent, check_shareable, device_uuid, mem_handle};
+use super::lifetime::{MAX_CONSUMERS, Refusal, SLOTS, SlotFile, me, uid};
+use super::wire::{Fields, IpcHandle, MAX_GENERATION, Memory, SlotRef};
+use super::{Report, report};
+use crate::raw::ensure_driver;
+use crate::{Error, MemoryType, check_span};
+
+/// A slot of one of this process's lifetime files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    file: usize,
+    slot: u32,
+}
+
+/// A share this process made, alive (its handle held) or in limbo (waiting for consumers).
+struct Entry {
+    generation: u64,
+    /// Keeps the memory (the tensor's owner) alive; dropped when the share is freed.
+    tensor: Tensor,
+    /// The interprocess event consumers wait on; back to the pool with the share. Never
+    /// read: held so that it drops with the share.
+    _event: Option<IpcEvent>,
+    /// The producer's handle is gone: freed once no consumer holds it.
+    closed: bool,
+}
+
+struct Producer {
+    files: Vec<Arc<SlotFile>>,
+    free: Vec<Key>,
+    next_generation: u64,
+    live: HashMap<Key, Entry>,
+}
+
+static PRODUCER: LazyLock<Mutex<Producer>> = LazyLock::new(|| {
+    Mutex::new(Producer {
+        files: Vec::new(),
+        free: Vec::new(),
+        next_generation: 1,
+        live: HashMap::new(),
+    })
+});
+
+fn producer() -> MutexGuard<'static, Producer> {
+    PRODUCER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Producer {
+    /// A free slot (a new lifetime file when every slot is taken) and a fresh generation.
+    fn allocate(&mut self) -> Result<(Key, u64), Error> {
+        if self.next_generation > MAX_GENERATION {
+            return Err(Error::IpcHandleField {
+                field: "slot generation",
+                value: self.next_generation,
+                expected: "1 to 2^40 - 1 (this process has made 2^40 shares)",
+            });
+        }
+        let key = match self.free.pop() {
+            Some(key) => key,
+            None => {
+                let file = self.files.len();
+                self.files.push(Arc::new(SlotFile::create()?));
+                self.free
+                    .extend((1..SLOTS).rev().map(|slot| Key { file, slot }));
+                Key { file, slot: 0 }
+            }
+        };
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        Ok((key, generation))
+    }
+}
+
+/// The producer's hold on a share: while any clone lives, consumers may open the handle (with
+/// or without a ticket); when the last is dropped, the share waits in limbo for the consumers
+/// that hold it, or still have a ticket to, and is freed (its tensor dropped, once) when the
+/// last of them lets go. Cheap to clone.
+#[derive(Clone)]
+pub struct Shared {
+    inner: Arc<SharedInner>,
+}
+
+struct SharedInner {
+    handle: IpcHandle,
+    /// `None` for a tensor without elements (nothing to keep).
+    key: Option<Key>,
+}
+
+impl Shared {
+    /// The handle to send to the consumers.
+    pub fn handle(&self) -> &IpcHandle {
+        &self.inner.handle
+    }
+
+    /// How many of the expected consumers have not opened the share yet.
+    pub fn tickets_left(&self) -> u32 {
+        self.inner.key.map_or(0, |key| {
+            let p = producer();
+            p.files[key.file].tickets(key.slot)
+        })
+    }
+
+    /// The process ids of the consumers that hold the share now.
+    pub fn holders(&self) -> Vec<u32> {
+        self.inner.key.map_or_else(Vec::new, |key| {
+            let p = producer();
+            p.files[key.file].holders(key.slot)
+        })
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("handle", &self.inner.handle)
+            .finish()
+    }
+}
+
+impl Drop for SharedInner {
+    fn drop(&mut self) {
+        let Some(key) = self.key else {
+            return;
+        };
+        {
+            let mut p = producer();
+            let file = p.files[key.file].clone();
+            if let Some(entry) = p.live.get_mut(&key) {
+                entry.closed = true;
+                file.close(key.slot);
+            }
+        }
+        // Freed at once when no consumer holds it; otherwise the reaper watches it.
+        super::collect();
+        super::wake_reaper();
+    }
+}
+
+/// Shares `tensor` with other processes of this user on this machine: its whole allocation
+/// gets a legacy CUDA IPC handle, its pending work an interprocess event (recorded on the GPU,
+/// never waited for on the host), and the share a lifetime slot that `consumers` processes
+/// hold a ticket to. The memory stays alive (the tensor's owner is kept) while the returned
+/// [`Shared`] lives, and after it until every ticket has been used and every consumer process
+/// has released the share; it is released exactly once then.
+///
+/// `consumers` is how many processes the handle is meant for: up to that many may open it
+/// after the producer's [`Shared`] is dropped (a fire-and-forget send through a queue); more
+/// may open it while the [`Shared`] lives. 0: only while it lives. An expected consumer that
+/// never opens the handle keeps the memory until this process exits.
+///
+/// Refused, with the reason: memory that is not CUDA device memory ([`Error::IpcNotDevice`],
+/// [`Error::IpcMemoryType`]), virtual memory mappings ([`Error::IpcVirtualMemory`]: PyTorch's
+/// expandable segments), stream-ordered pool memory ([`Error::IpcPoolMemory`]: cudarc's
+/// allocations, `cudaMallocAsync`), anything else the driver will not share
+/// ([`Error::IpcNotShareable`]), data produced inside a CUDA graph capture
+/// ([`Error::CaptureMismatch`]), and no driver ([`Error::NoDriver`]).
+pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
+    if consumers > MAX_CONSUMERS {
+        return Err(Error::IpcHandleField {
+            field: "consumer count",
+            value: u64::from(consumers),
+            expected: "at most 8388607",
+        });
+    }
+    let device = tensor.device();
+    if device.kind != DeviceType::Cuda {
+        return Err(Error::IpcNotDevice { device });
+    }
+    ensure_driver()?;
+    super::collect();
+    let ordinal = device.ordinal;
+    let uuid = device_uuid(ordinal)?;
+    // The offset folded into the pointer: the handle's base offset is then the distance from
+    // the allocation's start to the data pointer, which the driver places inside it.
+    let desc = tensor.descriptor().with_offset_folded();
+    let mut fields = Fields {
+        access: desc.access(),
+        packing: desc.packing(),
+        memory: Memory::None,
+        dtype: desc.dtype(),
+        shape: desc.shape().to_vec(),
+        strides: desc.strides_elems().to_vec(),
+        byte_offset: 0,
+        producer: me(),
+        uid: uid(),
+        slot: SlotRef {
+            nonce: 0,
+            slot: 0,
+            generation: 0,
+        },
+        alloc_size: 0,
+        base_offset: 0,
+        producer_base: 0,
+        uuid,
+        mem_handle: [0; 64],
+        event_handle: None,
+    };
+    if desc.numel() == 0 {
+        return Ok(Shared {
+            inner: Arc::new(SharedInner {
+                handle: IpcHandle::encode(fields),
+                key: None,
+            }),
+        });
+    }
+    // The driver's word on the address (asked in the tensor's device's context): the whole
+    // span inside one allocation of that device, and device memory, not managed.
+    let info = check_span(&desc)?.ok_or(Error::NotAllocation {
+        addr: desc.data_ptr(),
+    })?;
+    if info.memory != MemoryType::Device {
+        return Err(Error::IpcMemoryType {
+            addr: desc.data_ptr(),
+            memory: info.memory,
+        });
+    }
+    check_shareable(info.base, ordinal)?;
+    let handle = mem_handle(info.base, ordinal)?;
+    let event = if tensor.ready().is_now() {
+        None
+    } else {
+        Some(IpcEvent::record_pending(tensor, ordinal)?)
+    };
+    fields.memory = Memory::Legacy;
+    fields.alloc_size = info.size as u64;
+    fields.base_offset = (desc.data() - info.base) as u64;
+    fields.producer_base = info.base as u64;
+    fields.mem_handle = handle;
+    fields.event_handle = event.as_ref().map(|e| e.handle);
+
+    let mut p = producer();
+    let (key, generation) = p.allocate()?;
+    let file = p.files[key.file].clone();
+    fields.slot = SlotRef {
+        nonce: file.nonce,
+        slot: key.slot,
+        generation,
+    };
+    let handle = IpcHandle::encode(fields);
+    // What every consumer will check: refuse here, at the producer, what they would refuse.
+    if let Err(e) = IpcHandle::from_bytes(handle.as_bytes()) {
+        p.free.push(key);
+        return Err(e);
+    }
+    file.assign(key.slot, generation, consumers);
+    p.live.insert(
+        key,
+        Entry {
+            generation,
+            tensor: tensor.clone(),
+            _event: event,
+            closed: false,
+        },
+    );
+    Ok(Shared {
+        inner: Arc::new(SharedInner {
+            handle,
+            key: Some(key),
+        }),
+    })
+}
+
+/// The tensor of this process's own live share `slot` (an open in the producer's process
+/// takes a ticket, as another process's would, and holds the memory through the tensor's
+/// owner).
+pub(crate) fn local(slot: &SlotRef) -> Result<Tensor, Refusal> {
+    let p = producer();
+    let Some(file) = p.files.iter().position(|f| f.nonce == slot.nonce) else {
+        return Err(Refusal::Released);
+    };
+    let key = Key {
+        file,
+        slot: slot.slot,
+    };
+    match p.live.get(&key) {
+        Some(entry) if entry.generation == slot.generation => {
+            p.files[file].take_ticket(slot.slot, slot.generation)?;
+            Ok(entry.tensor.clone())
+        }
+        _ => Err(Refusal::Released),
+    }
+}
+
+/// Frees the shares in limbo that no consumer holds any more (dead consumers' holds are taken
+/// back and reported); returns how many still wait.
+pub(crate) fn collect() -> usize {
+    let mut freed = Vec::new();
+    let mut dead = Vec::new();
+    let waiting = {
+        let mut p = producer();
+        let closed: Vec<Key> = p
+            .live
+            .iter()
+            .filter(|(_, e)| e.closed)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut waiting = 0;
+        for key in closed {
+            if p.files[key.file].is_released(key.slot, &mut dead) {
+                freed.extend(p.live.remove(&key));
+                p.free.push(key);
+            } else {
+                waiting += 1;
+            }
+        }
+        waiting
+    };
+    for gone in dead {
+        report(Report::ConsumerDied { pid: gone.pid });
+    }
+    // Owners drop outside the lock: a Python owner takes the GIL, a cudarc one frees memory.
+    drop(freed);
+    waiting
+}

@@ -1,0 +1,450 @@
+//! The consumer's side: a handle becomes a tensor over the producer's memory, mapped once per
+//! process however often it is opened, ordered after the producer's pending work on the
+//! consumer's stream, and released (holder entry given back, mapping closed) only after the
+//! device work enqueued on that stream before the tensor's last clone was dropped has run.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+use tensorbridge::{Device, Owner, Ready, Stream, Tensor};
+
+use super::cuda::{ImportedEvent, Mapping, ordinal_of};
+use super::export::local;
+use super::lifetime::{HOLDERS, Refusal, Registration, SlotFile, has_exited, me};
+use super::wire::{DeviceUuid, Fields, IpcHandle, Memory, ProcessId, SlotRef};
+use super::{Report, report};
+use crate::Error;
+use crate::capture::{Capture, capture_of, keep_with_graph};
+use crate::context::{bind, device, device_of_stream};
+use crate::raw::ensure_driver;
+use crate::raw_stream;
+
+/// What this process has open of other processes' shares. Lifetime files and holds are
+/// found again through weak references (the tensors own them); mappings and imported events
+/// are counted here, under this lock, by the holds that use them, and closed here when the
+/// count falls to zero: a mapping is then never opened again while its close is still on its
+/// way (CUDA refuses to map one allocation twice in a context).
+struct Consumer {
+    files: HashMap<(ProcessId, u64), Weak<SlotFile>>,
+    holds: HashMap<(ProcessId, SlotRef), Weak<Held>>,
+    mappings: HashMap<MapKey, (Mapping, usize)>,
+    events: HashMap<[u8; 64], (Arc<ImportedEvent>, usize)>,
+}
+
+/// An allocation of a producer, on a GPU: the producer's address names it while it lives,
+/// and it lives while any share of it is held (a held share keeps its memory alive).
+type MapKey = (ProcessId, u64, DeviceUuid);
+
+static CONSUMER: LazyLock<Mutex<Consumer>> = LazyLock::new(|| {
+    Mutex::new(Consumer {
+        files: HashMap::new(),
+        holds: HashMap::new(),
+        mappings: HashMap::new(),
+        events: HashMap::new(),
+    })
+});
+
+/// Holds waiting (in the crate's retire queue) for their streams' work to finish.
+static RETIRING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many released shares still wait for device work before their holder entry is given
+/// back.
+pub(crate) fn retiring() -> usize {
+    RETIRING.load(Ordering::SeqCst)
+}
+
+/// This process's hold on one share: the holder entry in the producer's lifetime file, and
+/// a use of the mapping of the allocation and of the imported event. Shared by every open of
+/// the share in this process; dropped (the uses given back, the entry last) after the last
+/// of them is released and its device work has run.
+pub(crate) struct Held {
+    mapping: MapKey,
+    base: u64,
+    event: Option<(Arc<ImportedEvent>, [u8; 64])>,
+    registration: Option<Registration>,
+}
+
+impl Held {
+    fn base(&self) -> u64 {
+        self.base
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // The mapping and the event first (closed if this was their last user), the holder
+        // entry last: the producer may free and reuse the memory once the entry is back.
+        {
+            let mut c = consumer();
+            c.unuse_mapping(&self.mapping);
+            if let Some((event, handle)) = self.event.take() {
+                drop(event);
+                c.unuse_event(&handle);
+            }
+        }
+        if let Some(registration) = self.registration.take() {
+            let producer = registration.producer();
+            drop(registration);
+            if has_exited(producer) {
+                report(Report::ProducerGone { pid: producer.pid });
+            }
+        }
+    }
+}
+
+/// A tensor's owner for one open: when the tensor's last clone is dropped, the hold is kept
+/// until the work enqueued so far on the stream it was opened on has run on the device.
+struct Lease {
+    held: Option<Arc<Held>>,
+    on: ReleaseOn,
+}
+
+enum ReleaseOn {
+    /// A raw stream of device `ordinal`'s primary context (or one of its default streams),
+    /// which the caller of `import_raw` keeps live as long as the tensor.
+    Raw { ordinal: u32, stream: Stream },
+    /// A cudarc stream, kept live by this `Arc`.
+    Cudarc(Arc<CudaStream>),
+}
+
+/// A hold in the retire queue (counted, so the reaper knows something is pending).
+struct Retiring {
+    /// Never read: held until the retire queue drops it.
+    _held: Arc<Held>,
+}
+
+impl Drop for Retiring {
+    fn drop(&mut self) {
+        RETIRING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        RETIRING.fetch_add(1, Ordering::SeqCst);
+        let owner: Owner = Arc::new(Retiring { _held: held });
+        match &self.on {
+            // SAFETY: the caller of `import_raw` vouched that `stream` stays live as long as
+            // the tensor or a clone of it lives; this runs as the last clone's owner drops,
+            // so it is live for the call. It is a stream of device `ordinal`'s primary context
+            // (`import_raw` computed `ordinal` from it) or a default stream of that device.
+            ReleaseOn::Raw { ordinal, stream } => unsafe {
+                crate::retire_on_raw(*ordinal, *stream, owner)
+            },
+            ReleaseOn::Cudarc(stream) => crate::retire_on(stream, owner),
+        }
+        super::wake_reaper();
+    }
+}
+
+fn consumer() -> MutexGuard<'static, Consumer> {
+    CONSUMER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Consumer {
+    /// Forgets the entries nothing uses any more.
+    fn prune(&mut self) {
+        self.files.retain(|_, w| w.strong_count() > 0);
+        self.holds.retain(|_, w| w.strong_count() > 0);
+    }
+
+    fn file(&mut self, x: &Fields) -> Result<Arc<SlotFile>, Error> {
+        let key = (x.producer, x.slot.nonce);
+        if let Some(file) = self.files.get(&key).and_then(Weak::upgrade) {
+            return Ok(file);
+        }
+        let Some(file) = SlotFile::open(x.producer, x.uid, x.slot.nonce)? else {
+            return Err(if has_exited(x.producer) {
+                Error::IpcProducerGone {
+                    pid: x.producer.pid,
+                }
+            } else {
+                Error::IpcLifetimeFile {
+                    op: "open",
+                    path: super::lifetime::path(x.uid, x.producer.pid, x.slot.nonce)
+                        .display()
+                        .to_string(),
+                    errno: libc::ENOENT,
+                }
+            });
+        };
+        let file = Arc::new(file);
+        self.files.insert(key, Arc::downgrade(&file));
+        Ok(file)
+    }
+
+    /// A use of the mapping of `x`'s allocation (opened now if this process has none).
+    fn use_mapping(&mut self, x: &Fields, ordinal: u32) -> Result<(MapKey, u64), Error> {
+        let key = (x.producer, x.producer_base, x.uuid);
+        if let Some((m, users)) = self.mappings.get_mut(&key) {
+            // The allocation at that address is still the one mapped: a share of it is held
+            // (by the users of `m`), so the producer cannot have freed it.
+            if m.size < x.alloc_size {
+                return Err(Error::IpcHandleField {
+                    field: "allocation size",
+                    value: x.alloc_size,
+                    expected: "at most the size of the allocation the memory handle maps",
+                });
+            }
+            *users += 1;
+            return Ok((key, m.base));
+        }
+        let m = Mapping::open(&x.mem_handle, ordinal, x.alloc_size)?;
+        let base = m.base;
+        self.mappings.insert(key, (m, 1));
+        Ok((key, base))
+    }
+
+    /// Gives back a use of a mapping; the last one closes it (here, under the lock).
+    fn unuse_mapping(&mut self, key: &MapKey) {
+        if let Some((_, users)) = self.mappings.get_mut(key) {
+            *users -= 1;
+            if *users == 0 {
+                self.mappings.remove(key);
+            }
+        }
+    }
+
+    fn use_event(&mut self, handle: &[u8; 64], ordinal: u32) -> Result<Arc<ImportedEvent>, Error> {
+        if let Some((e, users)) = self.events.get_mut(handle) {
+            *users += 1;
+            return Ok(e.clone());
+        }
+        let e = Arc::new(ImportedEvent::open(handle, ordinal)?);
+        self.events.insert(*handle, (e.clone(), 1));
+        Ok(e)
+    }
+
+    fn unuse_event(&mut self, handle: &[u8; 64]) {
+        if let Some((_, users)) = self.events.get_mut(handle) {
+            *users -= 1;
+            if *users == 0 {
+                self.events.remove(handle);
+            }
+        }
+    }
+
+    /// This process's hold on the share `x` names: the existing one, or a new holder entry,
+    /// mapping and imported event.
+    fn acquire(&mut self, x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
+        let key = (x.producer, x.slot);
+        if let Some(held) = self.holds.get(&key).and_then(Weak::upgrade) {
+            return Ok(held);
+        }
+        self.prune();
+        if has_exited(x.producer) {
+            return Err(Error::IpcProducerGone {
+                pid: x.producer.pid,
+            });
+        }
+        let file = self.file(x)?;
+        if x.slot.slot >= file.slots {
+            return Err(Error::IpcHandleField {
+                field: "lifetime slot",
+                value: u64::from(x.slot.slot),
+                expected: "a slot of the producer's lifetime file",
+            });
+        }
+        let mut dead = Vec::new();
+        let registration = file.register(x.slot.slot, x.slot.generation, &mut dead);
+        for gone in dead {
+            report(Report::ConsumerDied { pid: gone.pid });
+        }
+        let registration = registration.map_err(|r| refusal(r, x.producer))?;
+        // From here, an error drops `registration`, which gives the entry back.
+        let (mapping, base) = self.use_mapping(x, ordinal)?;
+        let event = match &x.event_handle {
+            Some(h) => match self.use_event(h, ordinal) {
+                Ok(e) => Some((e, *h)),
+                Err(e) => {
+                    self.unuse_mapping(&mapping);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let held = Arc::new(Held {
+            mapping,
+            base,
+            event,
+            registration: Some(registration),
+        });
+        self.holds.insert(key, Arc::downgrade(&held));
+        Ok(held)
+    }
+}
+
+fn refusal(r: Refusal, producer: ProcessId) -> Error {
+    match r {
+        Refusal::Released => Error::IpcReleased { pid: producer.pid },
+        Refusal::Full => Error::IpcTooManyConsumers { limit: HOLDERS },
+    }
+}
+
+/// Makes `stream` (of `ctx`, current for the call) wait on the device for the producer's
+/// work the event captured. Inside a capture, an external wait that the graph keeps (with the
+/// imported event) for its replays; the legacy default stream during another stream's
+/// capture is refused.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `stream` is a live stream of `ctx` (or a default-stream sentinel) for the call.
+unsafe fn wait(
+    event: &Arc<ImportedEvent>,
+    ctx: &CudaContext,
+    stream: sys::CUstream,
+) -> Result<(), Error> {
+    let _bound = bind(ctx)?;
+    // SAFETY: `stream` is live and its context current (obligation 1).
+    let capture = unsafe { capture_of(stream) }?;
+    let flags = match capture {
+        Capture::Implicit => return Err(Error::LegacyDuringCapture),
+        Capture::Active(_) => sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
+        _ => sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+    };
+    // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which
+    // its exporter keeps alive while this process holds the share.
+    Error::check("cuStreamWaitEvent", unsafe {
+        sys::cuStreamWaitEvent(stream, event.raw, flags)
+    })?;
+    if let Capture::Active(active) = capture {
+        keep_with_graph(active, Box::new(event.clone()));
+    }
+    Ok(())
+}
+
+/// Where an open is going: the checks every open makes first, and the shortcuts that need no
+/// mapping.
+enum Plan {
+    /// The producer's own process: its tensor.
+    Own(Tensor),
+    /// A tensor without elements: nothing to map.
+    Empty(Tensor),
+    /// Another process's memory, on this process's device `ordinal`.
+    Map { ordinal: u32 },
+}
+
+fn plan(handle: &IpcHandle, consumer: Stream) -> Result<Plan, Error> {
+    ensure_driver()?;
+    if consumer == Stream::PerThreadDefault {
+        return Err(Error::IpcStream { stream: consumer });
+    }
+    super::collect();
+    let x = handle.fields();
+    if x.memory == Memory::None {
+        let ordinal = ordinal_of(x.uuid)?;
+        let desc = x.descriptor_at(0, Device::cuda(ordinal))?;
+        // SAFETY: a tensor without elements has no bytes to keep valid.
+        let t = unsafe { Tensor::from_descriptor(desc, Arc::new(())) };
+        return Ok(Plan::Empty(t));
+    }
+    if x.producer == me() {
+        return local(&x.slot)
+            .map(Plan::Own)
+            .map_err(|r| refusal(r, x.producer));
+    }
+    Ok(Plan::Map {
+        ordinal: ordinal_of(x.uuid)?,
+    })
+}
+
+/// Opens a share on a cudarc stream: the tensor over the producer's memory (mapped in this
+/// process on the producer's GPU, found by its UUID), whose data is ready on `consumer` (it
+/// waits, on the device, for the producer's work pending when the handle was made). When the
+/// tensor's last clone is dropped, this process lets go of the share after the work enqueued
+/// on `consumer` by then has run (never blocking the host); the producer frees the memory
+/// when its last holder has let go. Opening the same share again in this process reuses its
+/// mapping.
+///
+/// In the producer's own process, the producer's tensor itself (handed to `consumer`).
+/// Refused: a GPU this process does not see ([`Error::IpcDeviceNotVisible`]), a producer
+/// that has exited ([`Error::IpcProducerGone`]), a share released before this open
+/// ([`Error::IpcReleased`]), the per-thread default stream ([`Error::IpcStream`]).
+pub fn import(handle: &IpcHandle, consumer: &Arc<CudaStream>) -> Result<Tensor, Error> {
+    let name = crate::stream_of(consumer);
+    let ordinal = match plan(handle, name)? {
+        Plan::Own(own) => return crate::handoff(&own, consumer),
+        Plan::Empty(t) => return Ok(t),
+        Plan::Map { ordinal } => ordinal,
+    };
+    let x = handle.fields();
+    let held = consumer_acquire(x, ordinal)?;
+    if let Some((event, _)) = &held.event {
+        // SAFETY: a cudarc stream borrowed for the call is live, in its own context.
+        unsafe { wait(event, consumer.context(), consumer.cu_stream()) }?;
+    }
+    let desc = x.descriptor_at(held.base() as usize, Device::cuda(ordinal))?;
+    let lease = Lease {
+        held: Some(held),
+        on: ReleaseOn::Cudarc(consumer.clone()),
+    };
+    let ready = crate::ready_on(consumer)?;
+    // SAFETY: the span lies inside the mapping (checked against the allocation's size when it
+    // was opened, and the layout against that size when the handle was decoded), which stays
+    // mapped, and the producer's memory alive (the holder entry), until the lease's last
+    // release has run; the producer's pending writes are waited for on `consumer` (above).
+    let t = unsafe { Tensor::from_descriptor(desc, Arc::new(lease)) };
+    // SAFETY:
+    // - 1: `consumer` waited for the producer's pending work (above): work ordered after it
+    //   sees every write;
+    // - 2: `ready` names `consumer` only as a stream of a primary context, and the tensor's
+    //   owner (the lease) holds the `Arc` that keeps it alive;
+    // - 3: the per-thread default stream was refused (`plan`).
+    Ok(unsafe { t.with_ready(ready) })
+}
+
+/// [`import`] for a raw consumer stream: a handle of a stream of any device's primary context
+/// (PyTorch's, CuPy's), or the legacy default stream of the producer's GPU.
+///
+/// # Safety
+/// The caller guarantees:
+/// 1. `consumer` is a live stream for the duration of the call and stays live until the
+///    returned tensor and every clone of it have been dropped (its readiness names it, and
+///    the release is ordered on it when the last clone drops).
+pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor, Error> {
+    let ordinal = match plan(handle, consumer)? {
+        // SAFETY: obligation 1 is `handoff_raw`'s 1; its 2 (the per-thread stream) cannot
+        // arise: `plan` refused it.
+        Plan::Own(own) => return unsafe { crate::handoff_raw(&own, consumer) },
+        Plan::Empty(t) => return Ok(t),
+        Plan::Map { ordinal } => ordinal,
+    };
+    let x = handle.fields();
+    // The stream's own context and device: a handle says where it is; the default streams
+    // are those of the producer's GPU here.
+    let ctx = match consumer {
+        // SAFETY: a live handle (obligation 1).
+        Stream::Handle(h) => unsafe { device_of_stream(h) }?.ctx().clone(),
+        _ => device(ordinal)?.ctx().clone(),
+    };
+    let release_ordinal = u32::try_from(ctx.ordinal()).unwrap_or(u32::MAX);
+    let held = consumer_acquire(x, ordinal)?;
+    if let Some((event, _)) = &held.event {
+        // SAFETY: `consumer` is live (obligation 1), a stream of `ctx` or a default stream.
+        unsafe { wait(event, &ctx, raw_stream(consumer)) }?;
+    }
+    let desc = x.descriptor_at(held.base() as usize, Device::cuda(ordinal))?;
+    let lease = Lease {
+        held: Some(held),
+        on: ReleaseOn::Raw {
+            ordinal: release_ordinal,
+            stream: consumer,
+        },
+    };
+    // SAFETY: as in `import`.
+    let t = unsafe { Tensor::from_descriptor(desc, Arc::new(lease)) };
+    // SAFETY:
+    // - 1: `consumer` waited for the producer's pending work (above);
+    // - 2: `consumer` stays live as long as the tensor and its clones (obligation 1);
+    // - 3: the per-thread default stream was refused (`plan`).
+    Ok(unsafe { t.with_ready(Ready::Stream(consumer)) })
+}
+
+fn consumer_acquire(x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
+    consumer().acquire(x, ordinal)
+}

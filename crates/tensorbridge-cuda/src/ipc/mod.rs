@@ -1,0 +1,211 @@
+//! Sharing a CUDA tensor with another process on the same machine, zero-copy, whatever
+//! framework made it and whatever framework takes it: [`export`] turns a [`Tensor`] into a
+//! [`Shared`] share and its [`IpcHandle`] (plain bytes), [`import`] / [`import_raw`] turn the
+//! handle into a [`Tensor`] over the same memory in another process.
+//!
+//! ```no_run
+//! # fn demo(tensor: &tensorbridge::Tensor) -> Result<(), tensorbridge_cuda::Error> {
+//! use tensorbridge_cuda::ipc;
+//! // Producer: any CUDA tensor (PyTorch's, CuPy's, a C library's), pending work and all.
+//! let shared = ipc::export(tensor, 1)?;
+//! let bytes: Vec<u8> = shared.handle().as_bytes().to_vec(); // send these by any means
+//!
+//! // Consumer (another process): the same memory, ready on `stream` once the producer's
+//! // pending writes have run; the host never waits.
+//! let ctx = tensorbridge_cuda::primary_context(0)?;
+//! let stream = ctx.new_stream().map_err(|e| tensorbridge_cuda::Error::driver("new_stream", e))?;
+//! let handle = ipc::IpcHandle::from_bytes(&bytes)?; // validated: a bad handle is an error
+//! let theirs = ipc::import(&handle, &stream)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The protocol
+//! A handle ([`IpcHandle`], format in `wire.rs`: magic, version, length, checksum) carries:
+//! - the **memory**: the legacy CUDA IPC handle of the tensor's whole allocation
+//!   (`cuIpcGetMemHandle` of the base `cuPointerGetAttributes` reports: caching allocators
+//!   hand out pieces of larger `cudaMalloc` blocks, and IPC maps whole allocations), the
+//!   allocation's size, and the tensor's offset in it. The consumer maps the allocation
+//!   (`cuIpcOpenMemHandle`), checks that the driver maps at least the handle's size
+//!   (`cuMemGetAddressRange`), and views only the tensor's bytes, which the decoder has
+//!   checked lie inside that size;
+//! - the **layout**: dtype, shape, strides in elements, read-only, validated by the core;
+//! - the **GPU** by UUID (`cuDeviceGetUuid_v2`), not ordinal: `CUDA_VISIBLE_DEVICES` numbers
+//!   GPUs differently in every process. The consumer maps the memory on that GPU, whichever
+//!   ordinal it has there; a consumer working on another GPU of the machine reads it through
+//!   peer access (`CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`) or copies it with its framework. A GPU
+//!   the consumer does not see is [`Error::IpcDeviceNotVisible`];
+//! - the **producer's pending work**: an interprocess event (`CU_EVENT_INTERPROCESS`)
+//!   recorded, on the producer's GPU, after the tensor's readiness (its producer stream, an
+//!   event, another adapter's signal: a private stream of the producer waits for it first).
+//!   The consumer's stream waits on it (`cuStreamWaitEvent`); neither host blocks. A tensor
+//!   that is ready now carries no event;
+//! - the **lifetime slot** and the **producer**: its pid and start time, the slot's index and
+//!   generation in the producer's lifetime file (`lifetime.rs`).
+//!
+//! # Lifetime rules
+//! 1. The producer's memory stays alive (the [`Tensor`]'s owner is kept by the share) while
+//!    the producer's [`Shared`] lives, and after that while any expected consumer has not
+//!    opened the share yet (`consumers` tickets, taken by each process's first open) or any
+//!    consumer process holds it: a share whose producer handle is gone waits in a limbo list,
+//!    collected by a reaper thread, and its owner is dropped exactly once, when both counts
+//!    are zero.
+//! 2. A consumer process holds a share once, however many tensors it opened from it: one
+//!    holder entry, one mapping per allocation (CUDA refuses to map one allocation twice in a
+//!    context), one imported event. Each open's tensor owns a lease; when the last clone of a
+//!    tensor is dropped, the lease is kept (this crate's retire queue) until the work enqueued
+//!    by then on the stream it was opened on has run, so the producer never gets back memory a
+//!    consumer kernel may still read. When the last lease has run out, the mapping is closed
+//!    and the holder entry given back. Neither host waits for the device: the retire queue is
+//!    polled ([`crate::reclaim`], and a reaper thread while anything is pending).
+//! 3. Death is detected, not trusted away: a holder whose process has exited (pid gone, a
+//!    zombie, or a pid now naming a process with another start time) is taken back by the
+//!    producer and reported ([`Report::ConsumerDied`]); a producer that has exited is refused
+//!    at open ([`Error::IpcProducerGone`]) and reported at release ([`Report::ProducerGone`]).
+//!    A producer's memory dies with its process (the driver frees it with the context); a
+//!    consumer's mapping then stays a mapping of freed memory only within that consumer: the
+//!    driver never hands those pages to anyone while they are mapped.
+//! 4. In the producer's own process an open takes a ticket too, and returns the producer's
+//!    tensor itself.
+//!
+//! # What a handle grants
+//! Any process of the same user on the same machine that holds the bytes can map the whole
+//! allocation (not only the tensor's bytes: other tensors of a caching allocator's block are
+//! in it), read and write, for as long as the share lives; the lifetime file is mode 0600, so
+//! another user's process is refused. Read-only is a promise the consumer's frameworks keep,
+//! not a protection: CUDA IPC maps memory writable. Treat a handle like an open file
+//! descriptor to that memory. The checksum catches damage, not forgery: the decoder's checks
+//! (sizes, offsets inside the allocation, versions) are what keep an altered handle from
+//! mapping anything but a whole allocation the producer shared.
+//!
+//! Handles never work across machines (or across PID namespaces, whose process ids differ):
+//! CUDA IPC maps memory of the same machine. Across nodes, move the data with NCCL
+//! (`torch.distributed`), UCX or NIXL, which take the same tensors through the frameworks:
+//! `torch.from_dlpack(view)` for `torch.distributed.send`, or a NIXL `register_memory` of the
+//! view's pointer and size.
+//!
+//! # Limitations
+//! - Legacy IPC only: memory from `cudaMalloc` and caching allocators built on it (PyTorch's
+//!   default, CuPy's default pool, JAX/XLA's BFC allocator, `cuMemAlloc`). Virtual memory
+//!   mappings (PyTorch's expandable segments), stream-ordered pools (`cudaMallocAsync`,
+//!   cudarc's allocations), managed and pinned host memory are refused with the reason.
+//! - A producer keeps its memory only while its process lives.
+//! - At most [`HOLDERS`] consumer processes hold one share at a time, and a share expects at
+//!   most [`MAX_CONSUMERS`] consumers.
+//! - Lifetime files live in `/dev/shm`, which both processes must see (containers: share it,
+//!   and the PID namespace).
+
+mod cuda;
+mod export;
+mod import;
+mod lifetime;
+mod wire;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+pub use cuda::device_uuid;
+pub use export::{Shared, export};
+pub use import::{import, import_raw};
+pub use lifetime::{HOLDERS, MAX_CONSUMERS};
+pub use wire::{DeviceUuid, IpcHandle, MAX_NDIM, ProcessId, VERSION};
+
+#[cfg(doc)]
+use crate::Error;
+#[cfg(doc)]
+use tensorbridge::Tensor;
+
+/// Something this process noticed about another process of a share.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// A consumer process exited while holding one of this process's shares; its hold was
+    /// taken back (the memory is freed once no other holder is left).
+    ConsumerDied {
+        /// Its process id.
+        pid: u32,
+    },
+    /// The producer of a share this process held exited before this process released it.
+    ProducerGone {
+        /// Its process id.
+        pid: u32,
+    },
+}
+
+/// Reports kept for [`reports`]; older ones are dropped beyond this.
+const REPORTS_CAP: usize = 1024;
+static REPORTS: Mutex<Vec<Report>> = Mutex::new(Vec::new());
+
+fn report(r: Report) {
+    static WARNED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    let (i, text) = match &r {
+        Report::ConsumerDied { pid } => (
+            0,
+            format!(
+                "consumer process {pid} exited while holding a shared tensor; its hold was taken back"
+            ),
+        ),
+        Report::ProducerGone { pid } => (
+            1,
+            format!(
+                "the producer process {pid} of a shared tensor exited before this process released it"
+            ),
+        ),
+    };
+    // Once per kind and process on stderr, as PyTorch warns about its own shares; every
+    // occurrence in `reports()`.
+    if !WARNED[i].swap(true, Ordering::Relaxed) {
+        eprintln!("tensorbridge: {text} (further reports: tensorbridge_cuda::ipc::reports)");
+    }
+    let mut reports = REPORTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if reports.len() == REPORTS_CAP {
+        reports.remove(0);
+    }
+    reports.push(r);
+}
+
+/// The reports gathered since the last call (consumers that died holding this process's
+/// shares, producers that exited before this process released theirs), oldest first.
+pub fn reports() -> Vec<Report> {
+    std::mem::take(&mut *REPORTS.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// Moves shares along without blocking: releases the holds whose consumer work has run (this
+/// crate's [`reclaim`](crate::reclaim)), gives back their holder entries, and frees the
+/// shares in limbo that no consumer holds any more. Returns how many are still waiting.
+/// A reaper thread calls it while anything waits; call it to move sooner.
+pub fn collect() -> usize {
+    crate::reclaim();
+    export::collect() + import::retiring()
+}
+
+/// Starts the reaper thread unless it runs: it calls [`collect`] until nothing waits, napping
+/// 1 ms, then longer (up to 50 ms) while work stays pending, and exits when nothing does.
+fn wake_reaper() {
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+    if RUNNING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("tensorbridge-ipc-reaper".into())
+        .spawn(|| {
+            let mut nap = Duration::from_millis(1);
+            loop {
+                if collect() == 0 {
+                    RUNNING.store(false, Ordering::SeqCst);
+                    // Work that arrived between the count and the store found RUNNING set and
+                    // did not start a thread: look once more, and go on if it is there and no
+                    // other reaper has started since.
+                    if collect() == 0 || RUNNING.swap(true, Ordering::SeqCst) {
+                        return;
+                    }
+                }
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(50));
+            }
+        });
+    if spawned.is_err() {
+        // No thread: the next export, import or collect moves things along instead.
+        RUNNING.store(false, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,181 @@
+//! PyTorch's tensors: read through the exchange table's non-owning `DLTensor`
+//! (`dltensor_from_py_object_no_sync`, no allocation, no deleter), the memory pinned by a
+//! reference to the tensor's STORAGE, never by the tensor object.
+//!
+//! # Why the storage
+//! A tensor object can change what memory it shows while keeping its identity:
+//! `torch.utils.swap_tensors(t, u)` swaps two objects' insides, `t.set_(other)` and
+//! `t.data = other` rebind its storage. Each drops the object's reference to its old storage,
+//! which frees the old memory when nothing else holds it, so an owner that holds the object
+//! (or its `TensorImpl`, as PyTorch's own owning export does) follows the rebinding and lets
+//! the memory go under every view made before. A reference to the storage itself
+//! (`t.untyped_storage()`, a `StorageImpl` reference) keeps that memory whatever the object
+//! does afterwards. (Growing a storage in place, `t.resize_(larger)`, moves its memory; no
+//! reference can pin the old memory then. PyTorch documents the same for its own sharing;
+//! API.md says so for views.)
+//!
+//! # The order of the questions (\[borrow\])
+//! PyTorch's `is_neg()` and `is_conj()` release the GIL, so another thread may run (and
+//! rebind the tensor) inside them. They are asked first; the storage is pinned next; the
+//! `DLTensor` is read last, twice around the pin, and taken only when both reads name the
+//! same memory: a rebinding that slipped in (through a finalizer the pin's allocation ran,
+//! say) shows as a different data pointer, and the import starts over.
+
+use pyo3::prelude::*;
+use tensorbridge::{Access, DTypeCode, Ready, Stream};
+
+use crate::convert::type_name;
+use crate::error::{Error, Result};
+use crate::import::exchange::ExchangeApi;
+use crate::import::{Consumer, Current, Imported, Pin, order_consumer};
+
+/// How often the import starts over when the tensor is rebound under it.
+const ATTEMPTS: usize = 3;
+
+/// `obj`, a PyTorch tensor, imported through its table. `Ok(None)`: a tensor PyTorch's
+/// `__dlpack__` refuses before exporting (a lazily conjugated one): the caller asks
+/// `__dlpack__`, whose refusal is PyTorch's own.
+///
+/// A tensor that requires grad comes out read-only ([access]: a write would bypass autograd;
+/// reading it, as a kernel's input does, is fine). A lazily negated tensor is refused
+/// ([`Error::NegativeBit`]): its memory holds the negated values, and PyTorch's exports (2.11)
+/// hand that memory over as it is.
+pub(crate) fn import(
+    obj: &Bound<'_, PyAny>,
+    api: ExchangeApi,
+    consumer: Consumer,
+) -> Result<Option<Imported>> {
+    let py = obj.py();
+    let access = if obj
+        .getattr(pyo3::intern!(py, "requires_grad"))?
+        .is_truthy()?
+    {
+        Access::ReadOnly
+    } else {
+        Access::ReadWrite
+    };
+    if obj.call_method0(pyo3::intern!(py, "is_neg"))?.is_truthy()? {
+        return Err(Error::NegativeBit {
+            type_name: type_name(obj),
+        });
+    }
+    for _ in 0..ATTEMPTS {
+        let Some(probe) = api.dltensor(obj)? else {
+            return Ok(None);
+        };
+        // Only complex tensors carry the conjugate bit (PyTorch: `is_conj()` is false for
+        // every other dtype), so only they pay for the question.
+        let complex = probe.dtype.code.0 == DTypeCode::Complex.code();
+        if complex
+            && obj
+                .call_method0(pyo3::intern!(py, "is_conj"))?
+                .is_truthy()?
+        {
+            return Ok(None);
+        }
+        // `is_conj` released the GIL: the memory is read again, after it.
+        let before = if complex {
+            match api.dltensor(obj)? {
+                Some(dl) => dl.data,
+                None => return Ok(None),
+            }
+        } else {
+            probe.data
+        };
+        let storage = obj.call_method0(pyo3::intern!(py, "untyped_storage"))?;
+        let Some(dl) = api.dltensor(obj)? else {
+            return Ok(None);
+        };
+        if dl.data != before {
+            continue;
+        }
+        // SAFETY: `dl`'s shape and strides are the tensor's own arrays, unchanged while the
+        // tensor is and no Python code runs: read right here, with nothing in between.
+        let desc = unsafe { tensorbridge_dlpack::describe_borrowed(&dl, api.version(), access) }?;
+        let mut imported = Imported {
+            desc,
+            ready: Ready::Now,
+            pin: Pin::Object(storage.unbind()),
+            current: None,
+        };
+        if matches!(
+            imported.desc.device().kind,
+            tensorbridge::DeviceType::Cuda | tensorbridge::DeviceType::CudaManaged
+        ) {
+            let (device_type, device_id) = imported.desc.device().to_dlpack()?;
+            let stream = api.current_work_stream(obj, device_type, device_id)?;
+            let (ready, immortal) = readiness(py, stream, device_id)?;
+            imported.ready = ready;
+            imported.current = Some(Current { stream, immortal });
+            order_consumer(&imported.desc, &imported.ready, consumer)?;
+        }
+        return Ok(Some(imported));
+    }
+    Err(Error::Rebound {
+        type_name: type_name(obj),
+        attempts: ATTEMPTS,
+    })
+}
+
+/// Where a PyTorch tensor's data is ready, given that it is ready on `current`, PyTorch's
+/// current stream of the device, now (\[ready\]).
+///
+/// - No consumer stream: the tensor is ready on `current` when PyTorch never destroys that
+///   stream (its default stream, the streams of its pools); otherwise (a stream made current
+///   from outside, `torch.cuda.ExternalStream`, which its creator may destroy while the view
+///   lives) an event recorded on it now, while it is certainly alive.
+///
+/// A consumer's stream is then made to wait for that on the GPU (by the caller): the readiness
+/// names `current` (or the event), never the consumer's stream, which only its caller keeps
+/// alive.
+///
+/// Also says whether PyTorch never destroys `current` (a kernel call lends it as it is then;
+/// otherwise only for the call).
+fn readiness(py: Python<'_>, current: Stream, device_id: i32) -> Result<(Ready, bool)> {
+    let ordinal = u32::try_from(device_id).unwrap_or(0);
+    let record = || -> Result<Ready> {
+        // SAFETY: PyTorch's current stream is live now (it is current), and the per-thread
+        // stream is the calling thread's, used on it now.
+        let signal = unsafe { tensorbridge_cuda::CudaSignal::record_raw(ordinal, current) }?;
+        Ok(signal.into_ready())
+    };
+    Ok(match current {
+        Stream::LegacyDefault => (Ready::Stream(current), true),
+        // Immortal, but thread-bound: an event says where the data is for other threads.
+        Stream::PerThreadDefault => (record()?, true),
+        Stream::Handle(h) => {
+            if immortal(py, h.get(), device_id)? {
+                (Ready::Stream(current), true)
+            } else {
+                (record()?, false)
+            }
+        }
+    })
+}
+
+/// Stream handles PyTorch's current stream had that belong to its pools (never destroyed).
+static POOL: crate::import::HandleSet = crate::import::HandleSet::new();
+
+/// Whether PyTorch never destroys stream `handle` of device `device_id`: one of its pool
+/// streams. Asked of PyTorch (`torch.cuda.current_stream(device).stream_id`: 0 for the
+/// default stream, odd for pool streams, the even handle itself for external streams) the
+/// first time a handle is seen, and remembered only when it is a pool stream: a handle value
+/// an external stream had can be reused after that stream is destroyed, a pool stream's
+/// never is.
+fn immortal(py: Python<'_>, handle: usize, device_id: i32) -> Result<bool> {
+    if POOL.contains(handle) {
+        return Ok(true);
+    }
+    let current = py
+        .import(pyo3::intern!(py, "torch.cuda"))?
+        .call_method1(pyo3::intern!(py, "current_stream"), (device_id,))?;
+    let id: i64 = current.getattr(pyo3::intern!(py, "stream_id"))?.extract()?;
+    let now: usize = current
+        .getattr(pyo3::intern!(py, "cuda_stream"))?
+        .extract()?;
+    let pool = now == handle && (id == 0 || id & 1 == 1);
+    if pool {
+        POOL.insert(handle);
+    }
+    Ok(pool)
+}

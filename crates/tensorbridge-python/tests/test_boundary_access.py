@@ -1,0 +1,139 @@
+"""Issue 26, item 6 (host): access is never wider than the producer allows ([access]).
+
+JAX and TensorFlow hand their arrays over as legacy DLPack capsules, which have no
+read-only flag; tensorbridge imported every legacy capsule read-write, so
+``np.from_dlpack(tb.asview(jax_array))[0] = 42`` changed an immutable JAX array (NumPy
+imports the same capsules read-only). The invariant: a legacy capsule is read-only unless
+its producer is known to allow writes (NumPy, PyTorch, CuPy); a versioned capsule says so
+itself (its ``READ_ONLY`` flag). Read-only shows as ``View.readonly``, as a NumPy array
+that refuses writes (``flags.writeable`` False), and as the producer's values unchanged.
+
+Controls: NumPy arrays and PyTorch tensors stay writable (a write through the view reaches
+the producer), and so do legacy capsules their `__dlpack__` hands out, a versioned capsule
+without the flag, and our own exports (which come back as they were lent). A legacy capsule
+handed over bare names no producer and is read-only, as ``np.from_dlpack`` takes it.
+"""
+
+import numpy as np
+import pytest
+
+from tbhelpers import HandMadeCapsule, aligned_numpy
+
+
+def assert_read_only(tb, x, values_of, what):
+    """``tb.asview(x)`` is read-only in every way a consumer can see, and ``x`` unchanged
+    after a refused write."""
+    before = np.array(values_of(), copy=True)
+    v = tb.asview(x)
+    assert v.readonly, f"{what} came out writable: {v!r}"
+    n = np.from_dlpack(v)
+    assert not n.flags.writeable, f"np.from_dlpack of the view of {what} is writable"
+    with pytest.raises(ValueError):
+        n.reshape(-1)[0] = 42
+    assert np.array_equal(values_of(), before)
+
+
+def assert_writable_and_shared(tb, x, ptr, values_of, what):
+    v = tb.asview(x)
+    assert not v.readonly, f"{what} came out read-only: {v!r}"
+    assert v.ptr == ptr
+    n = np.from_dlpack(v)
+    n.reshape(-1)[0] = 42
+    assert values_of().reshape(-1)[0] == 42, f"a write through the view of {what} was not seen"
+
+
+# --- immutable producers: read-only ------------------------------------------------------------
+
+
+def test_jax_array_is_read_only(tb):
+    """Item 6: a ``jax.numpy`` array (immutable) comes out read-only."""
+    jnp = pytest.importorskip("jax.numpy")
+    j = jnp.arange(6.0)
+    assert_read_only(tb, j, lambda: np.asarray(jnp.copy(j)), "a JAX array")
+
+
+def test_jax_legacy_capsule_is_read_only(tb):
+    """Item 6: JAX's own legacy capsule, given raw."""
+    jnp = pytest.importorskip("jax.numpy")
+    j = jnp.arange(6.0)
+    assert_read_only(tb, j.__dlpack__(), lambda: np.asarray(jnp.copy(j)), "JAX's legacy capsule")
+
+
+def test_tf_constant_is_read_only(tb):
+    """Item 6: a ``tf.constant`` comes out read-only (object and raw capsule)."""
+    tf = pytest.importorskip("tensorflow")
+    c = tf.constant([1.0, 2.0, 3.0])
+    assert_read_only(tb, c, lambda: c.numpy().copy(), "a tf.constant")
+    assert_read_only(tb, tf.experimental.dlpack.to_dlpack(c), lambda: c.numpy().copy(), "TF's legacy capsule")
+
+
+def test_legacy_capsule_from_an_unknown_producer_is_read_only(tb):
+    """Item 6: a legacy capsule whose producer tensorbridge does not know (hand-made here):
+    it cannot say read-only, so it is taken read-only."""
+    buf = aligned_numpy((16,), np.float32, fill=np.arange(16))
+    h = HandMadeCapsule(data=buf.ctypes.data, shape=(16,), strides=(1,), versioned=False, keep=buf)
+    assert_read_only(tb, h.make(), lambda: buf.copy(), "an unknown producer's legacy capsule")
+
+    class Unknown:
+        """An unknown producer whose ``__dlpack__`` hands out a legacy capsule."""
+
+        def __dlpack__(self, **kw):
+            return h.make()
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    assert_read_only(tb, Unknown(), lambda: buf.copy(), "an unknown producer's __dlpack__ (legacy)")
+
+
+# --- producers known to allow writes: writable (controls) ------------------------------------
+
+
+def test_numpy_array_stays_writable_and_its_bare_capsule_does_not(tb):
+    """A writable NumPy array is writable through its view. Its legacy capsule handed over
+    bare names no producer (a capsule carries no type), so it is taken read-only, exactly as
+    ``np.from_dlpack`` takes legacy capsules."""
+    a = aligned_numpy((6,), np.float32, fill=np.arange(6))
+    assert_writable_and_shared(tb, a, a.ctypes.data, lambda: a, "a NumPy array")
+    assert_read_only(tb, a.__dlpack__(), lambda: a.copy(), "a bare NumPy legacy capsule")
+
+
+def test_torch_tensor_stays_writable_and_its_bare_capsules_do_not(tb):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.float32)
+    values = lambda: t.numpy()  # noqa: E731
+    assert_writable_and_shared(tb, t, t.data_ptr(), values, "a torch tensor")
+
+    class Legacy:
+        """A producer of PyTorch's module (so known to allow writes) whose ``__dlpack__``
+        hands out torch's legacy capsule."""
+
+        __module__ = "torch.custom"
+
+        def __dlpack__(self, **kw):
+            return torch.utils.dlpack.to_dlpack(t)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    assert_writable_and_shared(tb, Legacy(), t.data_ptr(), values, "torch's legacy capsule through __dlpack__")
+    assert_read_only(tb, torch.utils.dlpack.to_dlpack(t), lambda: t.numpy().copy(), "a bare torch.utils.dlpack capsule")
+    assert_read_only(tb, t.__dlpack__(), lambda: t.numpy().copy(), "a bare legacy __dlpack__() capsule")
+
+
+def test_our_own_legacy_capsule_keeps_the_access_it_was_exported_with(tb):
+    """A bare capsule that tensorbridge exported is no unknown producer's: it comes back with
+    the access it left with, writable or read-only."""
+    a = aligned_numpy((6,), np.float32, fill=np.arange(6))
+    assert_writable_and_shared(tb, tb.asview(a).__dlpack__(), a.ctypes.data, lambda: a, "our own legacy capsule")
+    b = aligned_numpy((6,), np.float32, fill=np.arange(6))
+    b.flags.writeable = False
+    ro = tb.asview(b)
+    assert ro.readonly
+    assert_read_only(tb, ro.__dlpack__(max_version=(1, 3)), lambda: b.copy(), "our own read-only capsule")
+
+
+def test_versioned_capsule_without_the_flag_stays_writable(tb):
+    buf = aligned_numpy((16,), np.float32, fill=np.arange(16))
+    h = HandMadeCapsule(data=buf.ctypes.data, shape=(16,), strides=(1,), versioned=True, keep=buf)
+    assert_writable_and_shared(tb, h.make(), buf.ctypes.data, lambda: buf, "a versioned capsule without READ_ONLY")
