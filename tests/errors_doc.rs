@@ -191,8 +191,10 @@ fn the_scanner_finds_every_variant() {
         assert!(known.template.is_some(), "{crate_name}: {known:?}");
         assert!(
             found.iter().all(|v| v.template.is_some()
-                || ["Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python", "Candle"]
-                    .contains(&v.name.as_str())),
+                || [
+                    "Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python", "Candle"
+                ]
+                .contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"
         );
     }
