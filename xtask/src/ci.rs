@@ -4,9 +4,9 @@
 //! The shape, on CI's two cores: the pinned environment first (every cargo step needs its
 //! interpreter and libtorch); the other environments are built in the background while cargo
 //! compiles (pip mostly waits on the network and the disk). Then the Rust checks, the
-//! [`EXTRA_STEPS`], the wheels, and the pytest suite in every environment, one environment
-//! after another in the background while the pyo3 crate's tests and Miri run in the
-//! foreground (each of those mostly keeps one core busy).
+//! [`EXTRA_STEPS`], the wheels, and the pytest suite in every environment, in two background
+//! lanes of environments while the pyo3 crate's tests and Miri run in the foreground (each of
+//! those mostly keeps one core busy).
 
 use std::env;
 use std::fs;
@@ -16,7 +16,7 @@ use std::process::Command;
 use anyhow::{Context as _, Result, bail};
 
 use crate::venv::{self, ENVS, Spec, Venv, with_libtorch};
-use crate::{Steps, cargo, root, run_status};
+use crate::{Background, Steps, cargo, root, run_status};
 
 /// Packages whose tests also run under Miri (`cargo +nightly miri test -p <pkg>`): unit
 /// tests, integration tests and doctests. Add a crate once its tests need no FFI (Miri cannot
@@ -199,26 +199,33 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
 }
 
 /// The Python package: both wheels built (manylinux_2_28, checked by auditwheel) and
-/// installed into each environment's own folder; the pytest suite in every environment in
-/// the background while the pyo3 crate's Rust tests (against the pinned environment's
+/// installed into each environment's own folder; the pytest suite in every environment, in
+/// background lanes, while the pyo3 crate's Rust tests (against the pinned environment's
 /// libpython) and Miri run here.
 fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result<()> {
     let mut wheels = build_wheels(steps, venv)?;
     wheels.extend(build_wheels_py312(steps, venv)?);
     check_manylinux(steps, venv, &wheels)?;
-    let suites = steps.background("pytest", &logs_dir().join("pytest.log"), move |bg| {
-        let mut failed = Vec::new();
-        for env in &envs {
-            if let Err(e) = pytest(bg, env) {
-                bg.note(&format!("==> pytest ({}) failed: {e:#}", env.name()));
-                failed.push(env.name());
+    // Two lanes of environments, one after another in each: with Miri (mostly one core) in
+    // the foreground that is three processes on CI's two cores until Miri ends, two after.
+    let mut lanes: Vec<Background<()>> = Vec::new();
+    for (lane, envs) in split_lanes(envs, PYTEST_LANES).into_iter().enumerate() {
+        let name = format!("pytest lane {}", lane + 1);
+        let log = logs_dir().join(format!("pytest-{}.log", lane + 1));
+        lanes.push(steps.background(&name, &log, move |bg| {
+            let mut failed = Vec::new();
+            for env in &envs {
+                if let Err(e) = pytest(bg, env) {
+                    bg.note(&format!("==> pytest ({}) failed: {e:#}", env.name()));
+                    failed.push(env.name());
+                }
             }
-        }
-        if !failed.is_empty() {
-            bail!("the pytest suite failed in: {}", failed.join(", "));
-        }
-        Ok(())
-    })?;
+            if !failed.is_empty() {
+                bail!("the pytest suite failed in: {}", failed.join(", "));
+            }
+            Ok(())
+        })?);
+    }
     let foreground = pyo3_tests(steps, venv).and_then(|()| {
         if miri {
             self::miri(steps)
@@ -227,8 +234,26 @@ fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result
             Ok(())
         }
     });
-    let suites = suites.join(steps);
+    let mut suites = Ok(());
+    for lane in lanes {
+        // Every lane is joined (and its output shown) even when one failed.
+        suites = suites.and(lane.join(steps));
+    }
     foreground.and(suites)
+}
+
+/// How many environments' pytest suites run at once ([`python`]).
+const PYTEST_LANES: usize = 2;
+
+/// `envs` dealt round-robin into at most `lanes` non-empty lanes, so that the pinned (first)
+/// and the newest (second), the longest suites, are in different lanes.
+fn split_lanes<T>(envs: Vec<T>, lanes: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = (0..lanes.max(1)).map(|_| Vec::new()).collect();
+    for (i, env) in envs.into_iter().enumerate() {
+        out[i % lanes.max(1)].push(env);
+    }
+    out.retain(|lane| !lane.is_empty());
+    out
 }
 
 /// The pyo3 crate's tests, embedding the pinned environment's libpython.
@@ -633,6 +658,16 @@ mod tests {
         );
         assert_eq!(manylinux_of("linux_x86_64"), None);
         assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn lanes_are_dealt_round_robin() {
+        assert_eq!(
+            split_lanes(vec![1, 2, 3, 4], 2),
+            vec![vec![1, 3], vec![2, 4]]
+        );
+        assert_eq!(split_lanes(vec![1], 2), vec![vec![1]]);
+        assert!(split_lanes(Vec::<u8>::new(), 2).is_empty());
     }
 
     #[test]

@@ -38,7 +38,7 @@ tasks:
       wheel pip picks for its interpreter), then Miri on each package in
       ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src first if they
       are missing). The other environments build while cargo compiles, and the pytest
-      runs go on while the pyo3 tests and Miri run. --no-miri skips Miri, for quick local
+      runs go on (two lanes) while the pyo3 tests and Miri run. --no-miri skips Miri, for quick local
       runs; --env NAME (repeatable) runs pytest in those environments only.
   test-gpu [--bundle DIR] [-- ARGS...]
       Report the GPUs found, build the GPU test binaries (release, stripped) and the
