@@ -1,4 +1,12 @@
-//! `cargo xtask ci [--no-miri]`: everything CI checks, in the order CI checks it.
+//! `cargo xtask ci [--no-miri] [--env NAME]...`: everything CI checks, in the order CI checks
+//! it.
+//!
+//! The shape, on CI's two cores: the pinned environment first (every cargo step needs its
+//! interpreter and libtorch); the other environments are built in the background while cargo
+//! compiles (pip mostly waits on the network and the disk). Then the Rust checks, the
+//! [`EXTRA_STEPS`], the wheels, and the pytest suite in every environment, in two background
+//! lanes of environments while the pyo3 crate's tests and Miri run in the foreground (each of
+//! those mostly keeps one core busy).
 
 use std::env;
 use std::fs;
@@ -7,8 +15,8 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::venv::{self, Venv, with_libtorch};
-use crate::{Steps, cargo, root, run_status};
+use crate::venv::{self, ENVS, Spec, Venv, with_libtorch};
+use crate::{Background, Steps, cargo, root, run_status};
 
 /// Packages whose tests also run under Miri (`cargo +nightly miri test -p <pkg>`): unit
 /// tests, integration tests and doctests. Add a crate once its tests need no FFI (Miri cannot
@@ -21,10 +29,10 @@ pub(crate) const MIRI_PACKAGES: &[&str] = &[
 ];
 
 /// Packages left out of the `--all-features` clippy run because one of their features needs
-/// CUDA, Python or libtorch at build time (say which beside each entry). cudarc loads libcuda
-/// at run time and builds anywhere, and libtorch (tensorbridge-tch, the benches' `tch`
-/// feature) comes from the managed venv, which every cargo command here gets through
-/// `LIBTORCH` (see [`ci`]).
+/// CUDA, Python or libtorch at build time (say which beside each entry). None do: cudarc
+/// loads libcuda at run time and builds anywhere, and libtorch (tensorbridge-tch, the
+/// benches' `tch` feature) comes from the managed venv, which every cargo command here gets
+/// through `LIBTORCH` (see [`ci`]).
 const ALL_FEATURES_EXCLUDED: &[&str] = &[
     // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc and
     // builds cudarc with `dynamic-linking`, which cudarc refuses next to the workspace's
@@ -50,38 +58,128 @@ const PYTHON_PACKAGES: &[&str] = &[
 /// Where the Python package lives, relative to the workspace root.
 pub(crate) const PYTHON_CRATE: &str = "crates/tensorbridge-python";
 
-/// The wheels maturin builds: (crate folder, the start of the wheel's file name). The
-/// example extension is the cookbook's Rust recipes, which the Python suite tests.
-const WHEELS: &[(&str, &str)] = &[
-    (PYTHON_CRATE, "tensorbridge-"),
-    ("crates/tensorbridge-example", "tensorbridge_example-"),
+/// The wheels maturin builds: (crate folder, the distribution's name as pip spells it, the
+/// start of the wheel's file name). The example extension is the cookbook's Rust recipes,
+/// which the Python suite tests.
+const WHEELS: &[(&str, &str, &str)] = &[
+    (PYTHON_CRATE, "tensorbridge", "tensorbridge-"),
+    (
+        "crates/tensorbridge-example",
+        "tensorbridge_example",
+        "tensorbridge_example-",
+    ),
 ];
+
+/// The glibc the wheels are linked against, as the manylinux tag says it: `manylinux_2_28`,
+/// the floor of torch's own wheels since 2.6 (so every machine that runs a supported torch
+/// installs them), and of RHEL 8, Ubuntu 20.04 (2.31) and Debian 11 (2.31). maturin links
+/// with zig (`--zig`) to reach it from a newer build machine; `auditwheel` checks the result.
+pub(crate) const MANYLINUX: (u32, u32) = (2, 28);
 
 /// Proptest cases per property under Miri, which runs ~1000x slower than native code.
 const MIRI_PROPTEST_CASES: u32 = 8;
 
+/// Steps of other xtask modules that `ci` runs after the Rust checks and before the Python
+/// package: each gets the steps and the pinned environment (its libtorch, its interpreter).
+/// Add a module's `fn(&mut Steps, &Venv) -> Result<()>` here.
+const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
+    // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
+    // libtorch it expects.
+    crate::tch_range::run,
+];
+
+struct Options {
+    miri: bool,
+    /// `--candle-cuda`: clippy on candle's CUDA half too (nvcc builds candle's kernels: long).
+    candle_cuda: bool,
+    /// The environments whose pytest suite runs ([`ENVS`] by default, `--env` narrows).
+    envs: Vec<&'static Spec>,
+}
+
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    let mut miri = true;
-    let mut candle_cuda = false;
-    for arg in args {
+    let mut options = Options {
+        miri: true,
+        candle_cuda: false,
+        envs: Vec::new(),
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--no-miri" => miri = false,
-            "--candle-cuda" => candle_cuda = true,
-            other => {
-                bail!("unknown option `{other}` for `ci` (expected --no-miri or --candle-cuda)")
+            "--no-miri" => options.miri = false,
+            "--candle-cuda" => options.candle_cuda = true,
+            "--env" => {
+                let name = args.next().context("`--env` needs an environment's name")?;
+                let Some(spec) = ENVS.iter().find(|s| s.name == name) else {
+                    bail!(
+                        "no environment `{name}` (expected one of: {})",
+                        ENVS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                    );
+                };
+                options.envs.push(spec);
             }
+            other => bail!(
+                "unknown option `{other}` for `ci` (expected --no-miri, --candle-cuda, --env NAME)"
+            ),
         }
     }
+    if options.envs.is_empty() {
+        options.envs = ENVS.to_vec();
+    }
     let mut steps = Steps::new("ci");
-    let result = ci(&mut steps, miri, candle_cuda);
+    let result = ci(&mut steps, &options);
     steps.finish(result)
 }
 
-fn ci(steps: &mut Steps, miri: bool, candle_cuda: bool) -> Result<()> {
+fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
     // First, so that every cargo step below builds pyo3 against the same interpreter
     // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
     // whenever the interpreter it finds changes.
     let venv = venv::ensure(steps)?;
+    // The other environments meanwhile (the pinned one is ready, so none of them waits for
+    // it): pip downloads and unpacks while cargo compiles.
+    let others: Vec<&'static Spec> = options
+        .envs
+        .iter()
+        .copied()
+        .filter(|s| s.name != venv.name())
+        .collect();
+    let environments = steps.background(
+        "environments",
+        &logs_dir().join("environments.log"),
+        move |bg| {
+            others
+                .into_iter()
+                .map(|spec| venv::ensure_spec(bg, spec))
+                .collect::<Result<Vec<Venv>>>()
+        },
+    )?;
+    let rust = rust_checks(steps, &venv).and_then(|()| {
+        if options.candle_cuda {
+            candle_cuda_check(steps, &venv)
+        } else {
+            // candle-kernels compiles candle's quantized and MoE kernels for sm_90a with nvcc
+            // in its build script, also for clippy: far more than the rest of CI on 2 cores
+            // (docs/BUILDING.md, "candle"). `test-gpu --bundle` builds it, with its GPU tests.
+            steps.skip(
+                "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
+                "opt in with --candle-cuda; test-gpu --bundle builds it",
+            );
+            Ok(())
+        }
+    });
+    // Joined whatever happened, so that no pip is left running and its failure is reported.
+    let others = environments.join(steps);
+    rust?;
+    let mut envs: Vec<Venv> = Vec::new();
+    if options.envs.iter().any(|s| s.name == venv.name()) {
+        envs.push(venv.clone());
+    }
+    envs.extend(others?);
+    python(steps, &venv, envs, options.miri)
+}
+
+/// fmt, clippy, the Rust tests, rustdoc, and the [`EXTRA_STEPS`].
+fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
     let cargo = || venv.cargo();
     steps.cmd("fmt", cargo().args(["fmt", "--all", "--check"]))?;
     // Every member, the Python crates included: checking needs an interpreter for pyo3's
@@ -114,17 +212,6 @@ fn ci(steps: &mut Steps, miri: bool, candle_cuda: bool) -> Result<()> {
     }
     clippy_all.args(["--", "-D", "warnings"]);
     steps.cmd("clippy --all-features", &mut clippy_all)?;
-    if candle_cuda {
-        candle_cuda_check(steps, &venv)?;
-    } else {
-        // candle-kernels compiles candle's quantized and MoE kernels for sm_90a with nvcc in
-        // its build script, also for clippy: far more than the rest of CI on 2 cores
-        // (docs/BUILDING.md, "candle"). `test-gpu --bundle` builds it, with its GPU tests.
-        steps.skip(
-            "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
-            "opt in with --candle-cuda; test-gpu --bundle builds it",
-        );
-    }
     // Includes the doctests (tensorbridge-tch's load libtorch through its build script's
     // rpath, as its other test binaries do).
     let mut test = torch_cargo();
@@ -133,31 +220,60 @@ fn ci(steps: &mut Steps, miri: bool, candle_cuda: bool) -> Result<()> {
         test.args(["--exclude", package]);
     }
     steps.cmd("test", &mut test)?;
-    // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
-    // libtorch it expects (`tch_range`).
-    crate::tch_range::run(steps, &venv)?;
     steps.cmd(
         "doc",
         torch_cargo()
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    python(steps, &venv)?;
-    if !miri {
-        steps.skip("miri", "--no-miri");
-        return Ok(());
-    }
-    miri_setup(steps)?;
-    let flags = miri_flags();
-    for package in MIRI_PACKAGES {
-        steps.cmd(
-            &format!("miri test -p {package}"),
-            cargo()
-                .args(["+nightly", "miri", "test", "-p", package])
-                .env("MIRIFLAGS", &flags),
-        )?;
+    for step in EXTRA_STEPS {
+        step(steps, venv)?;
     }
     Ok(())
+}
+
+/// The Python package: both wheels built (manylinux_2_28, checked by auditwheel) and
+/// installed into each environment's own folder; the pytest suite in every environment, in
+/// background lanes, while the pyo3 crate's Rust tests (against the pinned environment's
+/// libpython) and Miri run here.
+fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result<()> {
+    let mut wheels = build_wheels(steps, venv)?;
+    wheels.extend(build_wheels_py312(steps, venv)?);
+    check_manylinux(steps, venv, &wheels)?;
+    // Two lanes of environments, one after another in each: with Miri (mostly one core) in
+    // the foreground that is three processes on CI's two cores until Miri ends, two after.
+    let mut lanes: Vec<Background<()>> = Vec::new();
+    for (lane, envs) in split_lanes(envs, PYTEST_LANES).into_iter().enumerate() {
+        let name = format!("pytest lane {}", lane + 1);
+        let log = logs_dir().join(format!("pytest-{}.log", lane + 1));
+        lanes.push(steps.background(&name, &log, move |bg| {
+            let mut failed = Vec::new();
+            for env in &envs {
+                if let Err(e) = pytest(bg, env) {
+                    bg.note(&format!("==> pytest ({}) failed: {e:#}", env.name()));
+                    failed.push(env.name());
+                }
+            }
+            if !failed.is_empty() {
+                bail!("the pytest suite failed in: {}", failed.join(", "));
+            }
+            Ok(())
+        })?);
+    }
+    let foreground = pyo3_tests(steps, venv).and_then(|()| {
+        if miri {
+            self::miri(steps)
+        } else {
+            steps.skip("miri", "--no-miri");
+            Ok(())
+        }
+    });
+    let mut suites = Ok(());
+    for lane in lanes {
+        // Every lane is joined (and its output shown) even when one failed.
+        suites = suites.and(lane.join(steps));
+    }
+    foreground.and(suites)
 }
 
 /// candle's CUDA half (`tensorbridge-candle`'s `cuda` and `gpu-tests` features) through
@@ -190,108 +306,233 @@ fn candle_cuda_check(steps: &mut Steps, venv: &Venv) -> Result<()> {
     )
 }
 
-/// The Python package: the wheel built and installed into the environment, the pyo3 crate's
-/// Rust tests against the environment's libpython, and the pytest suite against the wheel.
-fn python(steps: &mut Steps, venv: &Venv) -> Result<()> {
-    build_and_install_wheels(steps, venv)?;
+/// How many environments' pytest suites run at once ([`python`]).
+const PYTEST_LANES: usize = 2;
+
+/// `envs` dealt round-robin into at most `lanes` non-empty lanes, so that the pinned (first)
+/// and the newest (second), the longest suites, are in different lanes.
+fn split_lanes<T>(envs: Vec<T>, lanes: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = (0..lanes.max(1)).map(|_| Vec::new()).collect();
+    for (i, env) in envs.into_iter().enumerate() {
+        out[i % lanes.max(1)].push(env);
+    }
+    out.retain(|lane| !lane.is_empty());
+    out
+}
+
+/// The pyo3 crate's tests, embedding the pinned environment's libpython.
+fn pyo3_tests(steps: &mut Steps, venv: &Venv) -> Result<()> {
     match venv.libpython_dir()? {
         Some(libdir) => steps.cmd(
             "python: cargo test -p tensorbridge-pyo3",
             venv.cargo()
                 .args(["test", "-p", "tensorbridge-pyo3"])
                 .env("LD_LIBRARY_PATH", prepend_path(&libdir)),
-        )?,
-        None => steps.skip(
-            "python: cargo test -p tensorbridge-pyo3",
-            "the environment's interpreter has no shared libpython to embed; the pytest suite covers the crate",
         ),
+        None => {
+            steps.skip(
+                "python: cargo test -p tensorbridge-pyo3",
+                "the environment's interpreter has no shared libpython to embed; the pytest suite covers the crate",
+            );
+            Ok(())
+        }
     }
+}
+
+/// The wheels installed for `env` (as pip chooses among both builds), then the whole
+/// pytest suite but the GPU one, in `env`.
+fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
+    let site = install_wheels(steps, env)?;
     let tests = root().join(PYTHON_CRATE).join("tests");
     steps.cmd(
-        "python: pytest",
-        venv.python_cmd()
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-            .arg(&tests)
-            // The GPU suite runs on a GPU machine (`cargo xtask test-gpu`).
-            .arg("--ignore")
-            .arg(tests.join("gpu"))
-            .current_dir(root()),
+        &format!("pytest ({})", env.name()),
+        &mut pytest_cmd(env, &site, &tests, &[tests.as_path()]),
     )
 }
 
-/// Builds the wheels ([`build_wheels`]) and installs them into the environment.
-pub(crate) fn build_and_install_wheels(steps: &mut Steps, venv: &Venv) -> Result<()> {
-    let wheels = build_wheels(steps, venv)?;
-    install_wheels(steps, venv, &wheels)
+/// `python -m pytest` in `env` with the wheels of `site` ([`install_wheels`]) importable
+/// (`PYTHONPATH`, which the suite's subprocesses inherit), over `paths`; the GPU suite is
+/// left out unless `paths` names it (it runs on a GPU machine: `cargo xtask test-gpu`).
+pub(crate) fn pytest_cmd(env: &Venv, site: &Path, tests: &Path, paths: &[&Path]) -> Command {
+    let mut cmd = env.python_cmd();
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir"])
+        .arg(tests)
+        .args(paths);
+    if !paths.iter().any(|p| p.starts_with(tests.join("gpu"))) {
+        cmd.arg("--ignore").arg(tests.join("gpu"));
+    }
+    cmd.env("PYTHONPATH", python_path(site)).current_dir(root());
+    cmd
 }
 
-/// Installs built wheels into the environment, replacing what is there.
-pub(crate) fn install_wheels(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf]) -> Result<()> {
+/// `site`, then the caller's `PYTHONPATH`.
+fn python_path(site: &Path) -> std::ffi::OsString {
+    let mut path = site.as_os_str().to_owned();
+    if let Some(old) = env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    path
+}
+
+/// Where `ci`'s background steps write their output.
+fn logs_dir() -> PathBuf {
+    root().join("target").join("xtask-logs")
+}
+
+/// Installs the wheels built in `target/wheels` and `target/wheels-py312` into
+/// `target/python/<env>` (made afresh; the shared environment itself stays as its
+/// requirements made it), letting pip choose between the two builds as it does for users,
+/// and checks its choice: the abi3-py312 build on CPython 3.12 and later, abi3-py39 below.
+/// Returns the folder, for `PYTHONPATH`.
+pub(crate) fn install_wheels(steps: &mut Steps, env: &Venv) -> Result<PathBuf> {
+    let site = root().join("target").join("python").join(env.name());
+    if site.exists() {
+        fs::remove_dir_all(&site).with_context(|| format!("removing {}", site.display()))?;
+    }
+    let mut pip = env.python_cmd();
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+    ])
+    .arg(wheels_dir(None))
+    .arg("--find-links")
+    .arg(wheels_dir(Some("abi3-py312")))
+    .arg("--target")
+    .arg(&site);
+    for (_, dist, _) in WHEELS {
+        pip.arg(dist);
+    }
     steps.cmd(
-        "python: install the wheels",
-        venv.python_cmd()
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--force-reinstall",
-                "--no-deps",
-            ])
-            .args(wheels),
-    )
+        &format!("python: install the wheels ({})", env.name()),
+        &mut pip,
+    )?;
+    let (major, minor) = env.python_version()?;
+    let want = if (major, minor) >= (3, 12) {
+        "cp312-abi3"
+    } else {
+        "cp39-abi3"
+    };
+    for (_, dist, _) in WHEELS {
+        let tags = installed_tags(&site, dist)?;
+        if !tags.iter().any(|t| t.starts_with(want)) {
+            bail!(
+                "pip installed {dist} tagged {tags:?} for CPython {major}.{minor} in {}; \
+                 expected the {want} build",
+                env.name()
+            );
+        }
+        steps.note(&format!(
+            "==> {}: {dist} {} (CPython {major}.{minor})",
+            env.name(),
+            tags.join(" ")
+        ));
+    }
+    Ok(site)
+}
+
+/// The `Tag:` lines of the installed distribution `dist`'s WHEEL file under `site`.
+fn installed_tags(site: &Path, dist: &str) -> Result<Vec<String>> {
+    let entries = fs::read_dir(site).with_context(|| format!("listing {}", site.display()))?;
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{dist}-")) && name.ends_with(".dist-info") {
+            let wheel = site.join(&name).join("WHEEL");
+            let text = fs::read_to_string(&wheel)
+                .with_context(|| format!("reading {}", wheel.display()))?;
+            return Ok(text
+                .lines()
+                .filter_map(|l| l.strip_prefix("Tag:"))
+                .map(|t| t.trim().to_owned())
+                .collect());
+        }
+    }
+    bail!("no {dist}-*.dist-info in {}", site.display())
+}
+
+/// Builds the wheels ([`build_wheels`]) and installs them for the pinned environment
+/// ([`install_wheels`]); returns the folder to put on `PYTHONPATH`.
+pub(crate) fn build_and_install_wheels(steps: &mut Steps, venv: &Venv) -> Result<PathBuf> {
+    build_wheels(steps, venv)?;
+    install_wheels(steps, venv)
+}
+
+/// The folder `maturin` writes one build's wheels into: `target/wheels` for the default
+/// abi3-py39 build, `target/wheels-py312` for `abi3-py312`.
+fn wheels_dir(abi: Option<&str>) -> PathBuf {
+    root().join("target").join(match abi {
+        None => "wheels".to_owned(),
+        Some(feature) => format!("wheels-{}", feature.trim_start_matches("abi3-")),
+    })
 }
 
 /// `maturin build --release` of each of [`WHEELS`] into `target/wheels` (older wheels of
 /// the same package removed first, so exactly one of each is there); returns their paths.
-/// These are the `abi3-py39` wheels: one for every CPython from 3.9, what `ci` tests.
+/// These are the `abi3-py39` wheels: one for every CPython from 3.9.
 pub(crate) fn build_wheels(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
-    build_wheels_into(steps, venv, &root().join("target").join("wheels"), None)
+    build_wheels_into(steps, venv, None)
 }
 
-/// The same wheels for CPython 3.12 and later (`cp312-abi3`, feature `abi3-py312`): the
-/// limited API has vectorcall and METH_FASTCALL only from 3.12, so these call Python and
-/// are called faster (docs/BENCHMARKS.md). pip prefers them over the 3.9 ones where both
-/// fit. Built without asking an interpreter (`PYO3_NO_PYTHON`: the build machine's may be
-/// older than 3.12), in their own target directory, so switching between the two builds
-/// recompiles nothing.
+/// The same wheels for CPython 3.12 and later (`cp312-abi3`, feature `abi3-py312`), into
+/// `target/wheels-py312`: the limited API has vectorcall and METH_FASTCALL only from 3.12,
+/// so these call Python and are called faster (docs/BENCHMARKS.md). pip prefers them over
+/// the 3.9 ones where both fit. Built without asking an interpreter (`PYO3_NO_PYTHON`: the
+/// build machine's may be older than 3.12).
 pub(crate) fn build_wheels_py312(steps: &mut Steps, venv: &Venv) -> Result<Vec<PathBuf>> {
-    build_wheels_into(
-        steps,
-        venv,
-        &root().join("target").join("wheels-py312"),
-        Some("abi3-py312"),
-    )
+    build_wheels_into(steps, venv, Some("abi3-py312"))
 }
 
-fn build_wheels_into(
-    steps: &mut Steps,
-    venv: &Venv,
-    out: &Path,
-    abi: Option<&str>,
-) -> Result<Vec<PathBuf>> {
+/// Both builds link with zig against glibc [`MANYLINUX`] (`--zig --compatibility`), each in
+/// a target directory of its own (`target/wheel-<abi>`): zig's linker and C compiler would
+/// otherwise make every other release build in `target/` rebuild, and the two builds each
+/// other.
+fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Result<Vec<PathBuf>> {
+    let out = wheels_dir(abi);
+    let (glibc_major, glibc_minor) = MANYLINUX;
     let mut built = Vec::new();
-    for (folder, prefix) in WHEELS {
-        for old in wheels_in(out, prefix)? {
+    for (folder, _, prefix) in WHEELS {
+        for old in wheels_in(&out, prefix)? {
             fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         let mut maturin = venv.python_cmd();
         maturin
-            .args(["-m", "maturin", "build", "--release", "--manifest-path"])
+            .args([
+                "-m",
+                "maturin",
+                "build",
+                "--release",
+                "--zig",
+                "--compatibility",
+            ])
+            .arg(format!("manylinux_{glibc_major}_{glibc_minor}"))
+            .arg("--manifest-path")
             .arg(root().join(folder).join("Cargo.toml"))
             .arg("--out")
-            .arg(out);
+            .arg(&out)
+            .env(
+                "CARGO_TARGET_DIR",
+                root()
+                    .join("target")
+                    .join(format!("wheel-{}", abi.unwrap_or("abi3-py39"))),
+            );
         if let Some(feature) = abi {
             maturin
                 .args(["--no-default-features", "--features", feature])
-                .env("PYO3_NO_PYTHON", "1")
-                .env("CARGO_TARGET_DIR", root().join("target").join(feature));
+                .env("PYO3_NO_PYTHON", "1");
         }
         steps.cmd(
-            &format!("python: maturin build {folder} {}", abi.unwrap_or("")),
+            &format!(
+                "python: maturin build {folder} {}",
+                abi.unwrap_or("abi3-py39")
+            ),
             &mut maturin,
         )?;
-        match wheels_in(out, prefix)?.as_slice() {
+        match wheels_in(&out, prefix)?.as_slice() {
             [one] => built.push(one.clone()),
             found => bail!(
                 "expected one {prefix}*.whl in {} after maturin, found {found:?}",
@@ -300,6 +541,72 @@ fn build_wheels_into(
         }
     }
     Ok(built)
+}
+
+/// `auditwheel show` on each wheel: its file name must carry `manylinux_2_28` (or older),
+/// and the symbols it links must allow that tag (auditwheel's own reading of the binary,
+/// not maturin's).
+pub(crate) fn check_manylinux(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf]) -> Result<()> {
+    for wheel in wheels {
+        let name = wheel
+            .file_name()
+            .context("a wheel has a file name")?
+            .to_string_lossy()
+            .into_owned();
+        steps.run(&format!("python: auditwheel show {name}"), || {
+            let out = venv
+                .python_cmd()
+                .args(["-m", "auditwheel", "show"])
+                .arg(wheel)
+                .output()
+                .context("running auditwheel")?;
+            let text = String::from_utf8_lossy(&out.stdout).replace('\n', " ");
+            if !out.status.success() {
+                bail!(
+                    "auditwheel show exited with {}: {text} {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let tagged = manylinux_of(&name)
+                .with_context(|| format!("{name} has no manylinux_2_* platform tag"))?;
+            let allowed = text
+                .split_once("constrains the platform tag to")
+                .and_then(|(_, rest)| manylinux_of(rest))
+                .with_context(|| format!("auditwheel named no manylinux tag for {name}: {text}"))?;
+            if tagged > MANYLINUX || allowed > tagged {
+                bail!(
+                    "{name}: tagged manylinux_{}_{}, its symbols need manylinux_{}_{}; \
+                     expected manylinux_{}_{} or older",
+                    tagged.0,
+                    tagged.1,
+                    allowed.0,
+                    allowed.1,
+                    MANYLINUX.0,
+                    MANYLINUX.1
+                );
+            }
+            println!(
+                "{name}: manylinux_{}_{} (auditwheel: its symbols allow manylinux_{}_{})",
+                tagged.0, tagged.1, allowed.0, allowed.1
+            );
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The first `manylinux_A_B` in `s`, as (A, B).
+fn manylinux_of(s: &str) -> Option<(u32, u32)> {
+    let rest = &s[s.find("manylinux_")? + "manylinux_".len()..];
+    let mut parts = rest.splitn(3, '_');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
 }
 
 /// The wheels in `dir` whose file name starts with `prefix` (none when `dir` does not exist).
@@ -326,6 +633,21 @@ fn prepend_path(dir: &Path) -> std::ffi::OsString {
         path.push(old);
     }
     path
+}
+
+/// Miri on each of [`MIRI_PACKAGES`], after installing what it needs.
+fn miri(steps: &mut Steps) -> Result<()> {
+    miri_setup(steps)?;
+    let flags = miri_flags();
+    for package in MIRI_PACKAGES {
+        steps.cmd(
+            &format!("miri test -p {package}"),
+            cargo()
+                .args(["+nightly", "miri", "test", "-p", package])
+                .env("MIRIFLAGS", &flags),
+        )?;
+    }
+    Ok(())
 }
 
 /// Installs what Miri needs; any refusal fails the task (never a silent skip).
@@ -382,4 +704,39 @@ pub(crate) fn nightly_toolchain(steps: &mut Steps) -> Result<()> {
             ]))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manylinux_tags_parse() {
+        assert_eq!(
+            manylinux_of("tensorbridge-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl"),
+            Some((2, 28))
+        );
+        assert_eq!(
+            manylinux_of(r#" "manylinux_2_17_x86_64". In order"#),
+            Some((2, 17))
+        );
+        assert_eq!(manylinux_of("linux_x86_64"), None);
+        assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn lanes_are_dealt_round_robin() {
+        assert_eq!(
+            split_lanes(vec![1, 2, 3, 4], 2),
+            vec![vec![1, 3], vec![2, 4]]
+        );
+        assert_eq!(split_lanes(vec![1], 2), vec![vec![1]]);
+        assert!(split_lanes(Vec::<u8>::new(), 2).is_empty());
+    }
+
+    #[test]
+    fn wheel_folders() {
+        assert!(wheels_dir(None).ends_with("target/wheels"));
+        assert!(wheels_dir(Some("abi3-py312")).ends_with("target/wheels-py312"));
+    }
 }

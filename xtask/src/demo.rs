@@ -62,11 +62,13 @@ fn demo(steps: &mut Steps, python: bool, demo_args: &[String]) -> Result<()> {
     let Some(venv) = venv else {
         return Ok(());
     };
-    ci::build_and_install_wheels(steps, &venv)?;
+    // The wheels go into `target/python/pinned`, not into the shared environment.
+    let site = ci::build_and_install_wheels(steps, &venv)?;
     steps.cmd(
         "demo: Python frameworks",
         venv.python_cmd()
             .arg(root().join(PYTHON_DEMO))
+            .env("PYTHONPATH", &site)
             .current_dir(root()),
     )
 }

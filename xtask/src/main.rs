@@ -12,12 +12,16 @@ mod demo;
 mod fuzz;
 mod tch_range;
 mod test_gpu;
+mod threads;
 mod venv;
 
 use std::env;
 use std::fmt::Write as _;
+use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -26,18 +30,18 @@ const HELP: &str = "\
 cargo xtask <task> [options]
 
 tasks:
-  ci [--no-miri] [--candle-cuda]
-      The Python environment (see venv), then cargo fmt --check, clippy (workspace, then
-      --all-features; with --candle-cuda also candle's CUDA half, built with a CUDA
-      toolkit made of PyPI's NVIDIA wheels in target/cuda-toolkit: nvcc compiles candle's
-      kernels, a long step), cargo test, cargo doc with warnings denied (libtorch for the tch
-      crate from the venv), tensorbridge-tch against the oldest and the newest tch it
-      accepts (tch_range::ENDS: each with its PyTorch, in target/tch-range), the Python
-      package
-      (maturin wheel into target/wheels, installed into the environment; the pyo3 crate's
-      tests; pytest crates/tensorbridge-python/tests without gpu/), then Miri on each
-      package in ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src
-      first if they are missing). --no-miri skips Miri, for quick local runs.
+  ci [--no-miri] [--env NAME]...
+      The Python environments (see venv), then cargo fmt --check, clippy (workspace, then
+      --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
+      crate from the pinned environment), the Python package (both maturin wheels,
+      abi3-py39 into target/wheels and abi3-py312 into target/wheels-py312, linked with zig
+      for manylinux_2_28 and checked with auditwheel; the pyo3 crate's tests; pytest
+      crates/tensorbridge-python/tests without gpu/ in every environment, each with the
+      wheel pip picks for its interpreter), then Miri on each package in
+      ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src first if they
+      are missing). The other environments build while cargo compiles, and the pytest
+      runs go on (two lanes) while the pyo3 tests and Miri run. --no-miri skips Miri, for quick local
+      runs; --env NAME (repeatable) runs pytest in those environments only.
   test-gpu [--bundle DIR] [-- ARGS...]
       Report the GPUs found, build the GPU test binaries (release, stripped) and the
       wheel, and run them here with the Python GPU suite; with --bundle, copy them, the
@@ -58,10 +62,18 @@ tasks:
       missing), each SECS seconds (default 60), growing fuzz/corpus/<target>; print the
       executions. A crash fails the task; its input lands in fuzz/artifacts/<target>/ and,
       once fixed, belongs in fuzz/regressions/<target>/ (replayed by `ci`).
-  venv
-      Create .venv (or $TENSORBRIDGE_VENV) with the pins of python/requirements.txt
-      (torch, NumPy, JAX, TensorFlow, maturin, pytest) and print its path. The tasks
-      that need Python or libtorch do this themselves.
+  venv [NAME...]
+      Make the Python environments (default: all of pinned, newest, floor, py39) from
+      python/requirements*.txt in the cache ($TENSORBRIDGE_CACHE, else
+      $XDG_CACHE_HOME/tensorbridge, else ~/.cache/tensorbridge; $TENSORBRIDGE_VENV for the
+      pinned one), each with its CPython (newest 3.13, floor 3.10, py39 3.9: found on PATH,
+      under pyenv, or $TENSORBRIDGE_PYTHON_3_13 and the like), and print their paths. The
+      tasks that need Python or libtorch do this themselves.
+  test-threads --python PATH [--allow-gil]
+      test_threads.py and test_release_chains.py, unchanged, on the free-threaded CPython
+      at PATH: a wheel built for it (not abi3), an environment from
+      python/requirements-free-threaded.txt, and a check that importing tensorbridge
+      leaves the GIL off. --allow-gil accepts an ordinary interpreter (checks the task).
   help
       This text.
 ";
@@ -79,6 +91,7 @@ fn main() -> ExitCode {
         "demo" => demo::run(rest),
         "fuzz" => fuzz::run(rest),
         "venv" => venv_task(rest),
+        "test-threads" => threads::run(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;
@@ -98,11 +111,34 @@ fn main() -> ExitCode {
 }
 
 fn venv_task(args: &[String]) -> Result<()> {
-    if let Some(arg) = args.first() {
-        bail!("unknown option `{arg}` for `venv` (it takes none)");
+    let mut specs = Vec::new();
+    for arg in args {
+        match venv::ENVS.iter().find(|s| s.name == arg) {
+            Some(spec) => specs.push(*spec),
+            None => bail!(
+                "unknown environment `{arg}` for `venv` (expected some of: {})",
+                venv::ENVS
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    if specs.is_empty() {
+        specs = venv::ENVS.to_vec();
     }
     let mut steps = Steps::new("venv");
-    let result = venv::ensure(&mut steps).map(|v| println!("{}", v.dir().display()));
+    let result = (|| {
+        let mut made = Vec::new();
+        for spec in specs {
+            made.push(venv::ensure_spec(&mut steps, spec)?);
+        }
+        for v in made {
+            println!("{}: {}", v.name(), v.dir().display());
+        }
+        Ok(())
+    })();
     steps.finish(result)
 }
 
@@ -193,6 +229,8 @@ struct Record {
     name: String,
     elapsed: Duration,
     outcome: Outcome,
+    /// Ran in a [`Background`] thread, beside the steps around it.
+    background: bool,
 }
 
 /// The steps of one task: runs them, announces each, and times them for the summary.
@@ -200,6 +238,9 @@ struct Steps {
     task: &'static str,
     started: Instant,
     records: Vec<Record>,
+    /// Where the announcements and the commands' output go instead of the terminal (the
+    /// steps of a [`Background`] thread, printed whole when it is joined).
+    log: Option<File>,
 }
 
 impl Steps {
@@ -208,18 +249,34 @@ impl Steps {
             task,
             started: Instant::now(),
             records: Vec::new(),
+            log: None,
+        }
+    }
+
+    /// A line of the task's own output: on the terminal, or in the log of a background run.
+    fn note(&mut self, line: &str) {
+        match &mut self.log {
+            Some(log) => {
+                let _ = writeln!(log, "{line}");
+            }
+            None => println!("{line}"),
         }
     }
 
     /// Runs `f` as the step `name`; its error, if any, says which step failed.
     fn run<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        println!("==> {name}");
+        self.note(&format!("==> {name}"));
         self.timed(name, f)
     }
 
     /// Runs `cmd` as the step `name`, echoing the command line.
     fn cmd(&mut self, name: &str, cmd: &mut Command) -> Result<()> {
-        println!("==> {name}: {}", display(cmd));
+        self.note(&format!("==> {name}: {}", display(cmd)));
+        if let Some(log) = &self.log {
+            let out = log.try_clone().context("duplicating the log's handle")?;
+            let err = log.try_clone().context("duplicating the log's handle")?;
+            cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        }
         self.timed(name, || run_status(cmd))
     }
 
@@ -234,18 +291,56 @@ impl Steps {
             } else {
                 Outcome::Failed
             },
+            background: self.log.is_some(),
         });
         result.with_context(|| format!("step `{name}` failed"))
     }
 
     /// Records a step that was left out on purpose, so the summary says so.
     fn skip(&mut self, name: &str, why: &str) {
-        println!("==> {name}: skipped ({why})");
+        self.note(&format!("==> {name}: skipped ({why})"));
         self.records.push(Record {
             name: name.to_owned(),
             elapsed: Duration::ZERO,
             outcome: Outcome::Skipped(why.to_owned()),
+            background: self.log.is_some(),
         });
+    }
+
+    /// Runs `f` on a thread of its own, beside the steps that follow, with its commands'
+    /// output going to the file `log` (created afresh) instead of the terminal. Join it with
+    /// [`Background::join`], which prints that output and adds its steps to the summary.
+    /// Only work that shares nothing with the foreground belongs there: two cargo builds in
+    /// one target directory would wait for each other's lock.
+    fn background<T: Send + 'static>(
+        &mut self,
+        name: &str,
+        log: &Path,
+        f: impl FnOnce(&mut Steps) -> Result<T> + Send + 'static,
+    ) -> Result<Background<T>> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        self.note(&format!(
+            "==> {name}: in the background (output in {}, shown when it ends)",
+            log.display()
+        ));
+        let mut steps = Steps {
+            task: self.task,
+            started: Instant::now(),
+            records: Vec::new(),
+            log: Some(file),
+        };
+        let handle = thread::spawn(move || {
+            let result = f(&mut steps);
+            (steps.records, result)
+        });
+        Ok(Background {
+            name: name.to_owned(),
+            log: log.to_owned(),
+            handle,
+        })
     }
 
     /// Prints the timing summary and passes `result` through.
@@ -253,7 +348,7 @@ impl Steps {
         let width = self
             .records
             .iter()
-            .map(|r| r.name.len())
+            .map(|r| r.name.len() + if r.background { 2 } else { 0 })
             .max()
             .unwrap_or(0)
             .max("total".len());
@@ -265,7 +360,13 @@ impl Steps {
                 Outcome::Failed => (secs(r.elapsed), "FAILED".to_owned()),
                 Outcome::Skipped(why) => ("-".to_owned(), format!("skipped ({why})")),
             };
-            println!("    {:<width$}  {time:>8}  {what}", r.name);
+            // Background steps are indented: their time overlapped the steps around them.
+            let name = if r.background {
+                format!("  {}", r.name)
+            } else {
+                r.name.clone()
+            };
+            println!("    {name:<width$}  {time:>8}  {what}");
         }
         let verdict = if result.is_ok() { "ok" } else { "FAILED" };
         println!(
@@ -274,6 +375,60 @@ impl Steps {
             secs(self.started.elapsed())
         );
         result
+    }
+}
+
+/// Steps running on a thread of their own ([`Steps::background`]).
+#[must_use = "join it: its steps and its failure belong to the task"]
+struct Background<T> {
+    name: String,
+    log: PathBuf,
+    handle: JoinHandle<(Vec<Record>, Result<T>)>,
+}
+
+impl<T> Background<T> {
+    /// Waits for the thread, prints its output, adds its steps (indented) to `steps`'
+    /// summary and returns its result.
+    fn join(self, steps: &mut Steps) -> Result<T> {
+        steps.note(&format!("==> {}: waiting for it to end", self.name));
+        let start = Instant::now();
+        let joined = self.handle.join();
+        let waited = start.elapsed();
+        steps.note(&format!(
+            "==> {}: output ({}; waited {})",
+            self.name,
+            self.log.display(),
+            secs(waited)
+        ));
+        match std::fs::read(&self.log) {
+            Ok(text) => {
+                let text = String::from_utf8_lossy(&text);
+                steps.note(text.trim_end());
+            }
+            Err(e) => steps.note(&format!("(could not read {}: {e})", self.log.display())),
+        }
+        steps.note(&format!("==> {}: end of its output", self.name));
+        let (records, result) = match joined {
+            Ok(joined) => joined,
+            Err(_) => (Vec::new(), Err(anyhow::anyhow!("the thread panicked"))),
+        };
+        let background = steps.log.is_some();
+        steps.records.extend(records.into_iter().map(|mut r| {
+            r.background = true;
+            r.background |= background;
+            r
+        }));
+        steps.records.push(Record {
+            name: format!("{} (wait)", self.name),
+            elapsed: waited,
+            outcome: if result.is_ok() {
+                Outcome::Ok
+            } else {
+                Outcome::Failed
+            },
+            background: false,
+        });
+        result.with_context(|| format!("`{}` (in the background) failed", self.name))
     }
 }
 

@@ -84,6 +84,8 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         // the 3.12 one there (`--find-links`).
         wheels.extend(ci::build_wheels_py312(steps, &venv)?);
     }
+    // manylinux_2_28, as in `ci`: they install on the GPU machine whatever its glibc.
+    ci::check_manylinux(steps, &venv, &wheels)?;
     let python = Python {
         wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),
@@ -102,16 +104,17 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
             })
         }
         None => {
-            ci::install_wheels(steps, &venv, &python.wheels)?;
-            let mut pytest = venv.python_cmd();
-            pytest
-                .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir"])
-                .arg(&python.tests)
-                .arg(python.tests.join("test_native_smoke.py"));
-            if python.tests.join("gpu").is_dir() {
-                pytest.arg(python.tests.join("gpu"));
+            let site = ci::install_wheels(steps, &venv)?;
+            let smoke = python.tests.join("test_native_smoke.py");
+            let gpu = python.tests.join("gpu");
+            let mut paths = vec![smoke.as_path()];
+            if gpu.is_dir() {
+                paths.push(gpu.as_path());
             }
-            let gpu_suite = steps.cmd("python: pytest (GPU suite)", &mut pytest);
+            let gpu_suite = steps.cmd(
+                "python: pytest (GPU suite)",
+                &mut ci::pytest_cmd(&venv, &site, &python.tests, &paths),
+            );
             let mut failed = Vec::new();
             for bin in &binaries {
                 let mut cmd = Command::new(&bin.path);

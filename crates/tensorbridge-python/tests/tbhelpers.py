@@ -13,6 +13,9 @@ What lives here:
   abort the process instead of raising (torch 2.11 on negative DLPack strides).
 - ``run_release_chains``: runs the release-chain matrix (``release_chains.py``) in a fresh
   interpreter, for the host and the GPU suites.
+- versions: ``version_of`` reads an installed distribution's version without importing it, and
+  the named facts the suites branch on (``JAX_DLPACK_VERSIONED``): each is one behaviour that a
+  release changed, named with the release, so that an expectation that depends on it says so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
+from importlib import metadata
 
 # ---------------------------------------------------------------------------------------------
 # DLPack 1.3 structs (dlpack.h). Offsets are asserted below, as the 1.3 header lays them out.
@@ -477,3 +481,80 @@ def run_release_chains(device: str, threads: int, timeout: float = 300.0) -> dic
             f"during: {started[-1] if started else '?'}\n{r.stderr[-3000:]}"
         )
     return json.loads(result[-1][len("RESULT ") :])
+
+
+# --- versions -----------------------------------------------------------------------------------
+
+
+def version_of(dist: str) -> tuple[int, ...] | None:
+    """The installed version of the distribution ``dist`` as numbers ((0, 12, 0, 1) for
+    "0.12.0.1"; a suffix such as "+cu130" or "rc1" ends it), without importing it; None when it
+    is not installed."""
+    try:
+        text = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+    out = []
+    for part in text.split("+")[0].split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(out)
+
+
+def at_least(dist: str, version: tuple[int, ...]) -> bool:
+    """Whether ``dist`` is installed at ``version`` or later."""
+    have = version_of(dist)
+    return have is not None and have >= version
+
+
+def jax_before(version: tuple[int, ...]) -> bool:
+    """Whether JAX is installed at a release older than ``version``."""
+    have = version_of("jax")
+    return have is not None and have < version
+
+
+# NumPy 2.1 speaks DLPack 1.x: ``ndarray.__dlpack__(max_version=...)``, versioned capsules
+# that carry READ_ONLY, ``np.from_dlpack(x, copy=..., device=...)``, and writable arrays from
+# producers that say they are writable. NumPy 2.0 and older (1.26.4 and 2.0.2 measured) export
+# and ask for legacy capsules only, and every array ``np.from_dlpack`` makes is read-only (a
+# legacy capsule cannot say whether the memory may be written): a read-only tensorbridge view
+# is refused to it (BufferError), and nothing can be written through its imports.
+NUMPY_DLPACK_VERSIONED = at_least("numpy", (2, 1))
+
+# NumPy 2.0 made ``np.bool_`` an alias of ``np.bool``, whose ``__name__`` is "bool"; in NumPy
+# 1.x it is "bool_".
+NUMPY_1 = not at_least("numpy", (2,))
+
+# JAX 0.4 (0.4.30 and 0.4.38 measured; 0.10.2 has neither): no DLPack type codes for the
+# float8 family (7-14: "Unknown or invalid DLPack type code"), and a column-major DLPack import
+# that it accepts and then fails its own layout check on first use.
+JAX_0_4 = jax_before((0, 5))
+
+
+def needs_numpy_dlpack_1(test):
+    """Skips ``test`` under NumPy 2.0 and older, for tests that use NumPy as a DLPack 1.x
+    consumer or producer (``max_version``, ``copy=``, READ_ONLY, or writing through
+    ``np.from_dlpack``'s array); the version is in the reason."""
+    import pytest
+
+    return pytest.mark.skipif(
+        not NUMPY_DLPACK_VERSIONED,
+        reason=f"NumPy {metadata.version('numpy')} < 2.1 speaks legacy DLPack only (read-only "
+        "np.from_dlpack arrays, no max_version or copy=)",
+    )(test)
+
+
+# JAX 0.12 speaks versioned DLPack both ways: ``__dlpack__(max_version=(1, 3))`` returns a
+# ``dltensor_versioned`` capsule flagged READ_ONLY (JAX arrays are immutable), and
+# ``jax.dlpack.from_dlpack`` asks its producer with ``max_version=(1, 3)``. JAX 0.11 and older
+# export and ask for legacy capsules only (no flags: a view of a JAX array was writable, a
+# read-only view was refused to JAX).
+JAX_DLPACK_VERSIONED = at_least("jax", (0, 12))

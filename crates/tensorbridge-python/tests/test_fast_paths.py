@@ -20,6 +20,8 @@ import pytest
 
 import tensorbridge as tb
 
+from tbhelpers import needs_numpy_dlpack_1
+
 
 def fields(v):
     return (v.ptr, v.shape, v.strides, v.dtype_name, v.device, v.readonly)
@@ -49,6 +51,7 @@ NUMPY_CASES = [
 ]
 
 
+@needs_numpy_dlpack_1
 @pytest.mark.parametrize("a", NUMPY_CASES, ids=lambda a: f"{a.dtype}{a.shape}{a.strides}")
 def test_numpy_fast_path_matches_dlpack(a):
     fast = tb.asview(a)
@@ -56,6 +59,7 @@ def test_numpy_fast_path_matches_dlpack(a):
     assert fast.ptr == a.__array_interface__["data"][0]
 
 
+@needs_numpy_dlpack_1
 def test_numpy_fast_path_carries_read_only():
     a = np.arange(6, dtype=np.float32)
     a.flags.writeable = False
@@ -63,6 +67,7 @@ def test_numpy_fast_path_carries_read_only():
     assert fields(tb.asview(a)) == fields(via_dlpack(a))
 
 
+@needs_numpy_dlpack_1
 def test_numpy_fast_path_releases_the_buffer_when_the_last_user_is_gone():
     """The fast path holds NumPy's buffer (a reference to the array) and releases it exactly
     when the view and every consumer of it are gone."""
@@ -121,6 +126,7 @@ def test_numpy_datetime_takes_the_general_path():
     same_refusal(np.array(["2026-11-23"], dtype="datetime64[D]"))
 
 
+@needs_numpy_dlpack_1
 def test_numpy_subclass_takes_the_general_path():
     a = np.arange(6, dtype=np.float32).view(Sub)
     assert fields(tb.asview(a)) == fields(via_dlpack(a))
@@ -235,6 +241,7 @@ def test_tensors_that_require_grad_come_out_read_only():
 # -- the three-tensor extension call (benches/python/compare.py's subject) ---------------
 
 
+@needs_numpy_dlpack_1
 def test_three_tensor_calls_take_every_framework():
     ext = pytest.importorskip("tensorbridge_example")
     a = np.arange(6, dtype=np.float32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from frameworks import BY_NAME, require
-from tbhelpers import aligned_numpy, run_isolated
+from tbhelpers import JAX_0_4, NUMPY_DLPACK_VERSIONED, aligned_numpy, needs_numpy_dlpack_1, run_isolated
 
 
 def base():
@@ -30,9 +30,11 @@ LAYOUTS = {
     "negative_rows": (lambda b: b[::-1], (-6, 1)),
     "negative_cols": (lambda b: b[:, ::-1], (6, -1)),
     "zero_stride": (lambda b: np.lib.stride_tricks.as_strided(b, (3, 6), (0, 4)), (0, 1)),
+    # NumPy 2.0 and older export stride 1 for a size-1 dimension in their legacy capsules
+    # (1.26.4 and 2.0.2 measured); the view reports what the producer exported
     "size1_any_stride": (
         lambda b: np.lib.stride_tricks.as_strided(b, (6, 1), (4, 400)),
-        (1, 100),
+        (1, 100) if NUMPY_DLPACK_VERSIONED else (1, 1),
     ),
     "single_column": (lambda b: b[:, 2:3], (6, 1)),
     "empty": (lambda b: b[:0], (6, 1)),
@@ -87,13 +89,16 @@ def test_asview_keeps_layout(tb, layout):
     y = np.asarray(v)
     assert y.shape == x.shape and np.array_equal(y, x)
     if x.size:
-        assert y.ctypes.data == x.ctypes.data and y.strides == x.strides
+        # the view's layout (x's own, but for what NumPy 2.0 exports for size-1 dimensions)
+        assert y.ctypes.data == x.ctypes.data and y.strides == tuple(s * 4 for s in strides)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("consumer", ["numpy", "torch", "jax", "tensorflow"])
 def test_consumer_takes_or_refuses_layout(tb, consumer, layout):
     c = require(BY_NAME[consumer])
+    if consumer == "jax" and layout == "transposed" and JAX_0_4:
+        pytest.xfail("JAX 0.4 imports a column-major DLPack tensor, then fails XLA's layout check on first use")
     make, _ = LAYOUTS[layout]
     b = base()
     x = make(b)
@@ -184,6 +189,7 @@ def test_zero_size_from_ptr_null(tb):
     assert tuple(torch.from_dlpack(v).shape) == (0, 5)
 
 
+@needs_numpy_dlpack_1
 @pytest.mark.parametrize("layout", ["negative_rows", "negative_cols"])
 def test_negative_strides_copy_true_gives_compact_copy(tb, layout):
     """The way out the refusal names: copy=True exports a compact C-order copy flagged

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tbhelpers import needs_numpy_dlpack_1
+
 
 def test_package_shape(tb):
     assert tb.View.__module__ == "tensorbridge"
@@ -28,6 +30,7 @@ def test_view_is_immutable(tb):
         tb.View()
 
 
+@needs_numpy_dlpack_1
 def test_buffer_protocol_round_trip(tb):
     a = array.array("f", [1.0, 2.0, 3.0])
     v = tb.asview(a)

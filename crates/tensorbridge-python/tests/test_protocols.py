@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 import pytest
 
-from tbhelpers import KDLCPU, HandMadeCapsule, aligned_numpy, capsule_name, consume_capsule
+from tbhelpers import KDLCPU, HandMadeCapsule, aligned_numpy, capsule_name, consume_capsule, needs_numpy_dlpack_1
 
 
 class AIOnly:
@@ -62,6 +62,7 @@ def test_array_interface_byte_strides_and_readonly(tb):
     np.testing.assert_array_equal(np.asarray(v), x)
 
 
+@needs_numpy_dlpack_1
 def test_array_interface_data_as_buffer_with_offset(tb):
     raw = bytearray(np.arange(8, dtype=np.float32).tobytes())
     p = AIOnly({"shape": (3,), "typestr": "<f4", "data": raw, "offset": 8, "version": 3})
@@ -153,6 +154,7 @@ def test_array_interface_missing_keys(tb):
 # --- buffer protocol ------------------------------------------------------------------------------
 
 
+@needs_numpy_dlpack_1
 def test_bytearray_is_writable_uint8(tb):
     b = bytearray(b"\x00" * 8)
     v = tb.asview(b)
@@ -161,6 +163,7 @@ def test_bytearray_is_writable_uint8(tb):
     assert b[3] == 7
 
 
+@needs_numpy_dlpack_1
 def test_bytes_is_readonly(tb):
     b = b"abcdefgh"
     v = tb.asview(b)
@@ -170,6 +173,7 @@ def test_bytes_is_readonly(tb):
     assert bytes(np.from_dlpack(v)) == b
 
 
+@needs_numpy_dlpack_1
 def test_array_array_and_ctypes_and_memoryview_cast(tb):
     a = array.array("d", [1.5, 2.5, 3.5])
     v = tb.asview(a)
@@ -254,6 +258,7 @@ def test_legacy_signature_falls_back_on_type_error(tb):
     assert len(p.calls) >= 1 and p.calls[-1] is None
 
 
+@needs_numpy_dlpack_1
 def test_asks_for_dlpack_1_3(tb):
     a = aligned_numpy((5,), np.float32, fill=2)
     p = RecordingProducer(a)
@@ -343,6 +348,7 @@ def test_dlpack_buffer_error_propagates(tb):
 # --- raw capsules ---------------------------------------------------------------------------------
 
 
+@needs_numpy_dlpack_1
 @pytest.mark.parametrize("versioned", [False, True])
 def test_numpy_capsule_consumed_exactly_once(tb, versioned):
     a = aligned_numpy((4,), np.float32, fill=np.arange(4))

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from tbhelpers import (
+    needs_numpy_dlpack_1,
     FLAG_IS_COPIED,
     FLAG_READ_ONLY,
+    JAX_DLPACK_VERSIONED,
     aligned_numpy,
     capsule_name,
     capsule_struct,
@@ -137,6 +139,7 @@ def test_unconsumed_capsules_are_released(tb, arr):
 # --- __dlpack__: read-only ---------------------------------------------------------------------
 
 
+@needs_numpy_dlpack_1
 def test_readonly_view_exports_flag_and_refuses_legacy(tb, arr):
     arr.flags.writeable = False
     v = tb.asview(arr)
@@ -159,13 +162,18 @@ def test_readonly_view_exports_flag_and_refuses_legacy(tb, arr):
 
 
 def test_readonly_into_legacy_only_consumers_is_refused(tb, arr):
-    """JAX and TF ask for legacy capsules, which cannot carry READ_ONLY: BufferError, as NumPy
-    itself does for a read-only array (numpy #20742, jax #40789)."""
+    """TF, and JAX up to 0.11, ask for legacy capsules, which cannot carry READ_ONLY:
+    BufferError, as NumPy itself does for a read-only array (numpy #20742, jax #40789). JAX
+    0.12 asks for a versioned capsule (``max_version=(1, 3)``), which carries the flag: it
+    takes the read-only view, zero-copy (its arrays are immutable anyway)."""
     arr.flags.writeable = False
     v = tb.asview(arr)
     jax = pytest.importorskip("jax")
-    with pytest.raises(BufferError, match="(?i)read.?only"):
-        jax.dlpack.from_dlpack(v)
+    if JAX_DLPACK_VERSIONED:
+        assert jax.dlpack.from_dlpack(v).unsafe_buffer_pointer() == arr.ctypes.data
+    else:
+        with pytest.raises(BufferError, match="(?i)read.?only"):
+            jax.dlpack.from_dlpack(v)
     tf = pytest.importorskip("tensorflow")
     with pytest.raises(BufferError, match="(?i)read.?only"):
         tf.experimental.dlpack.from_dlpack(v.__dlpack__())
@@ -184,6 +192,7 @@ def test_readonly_into_torch_is_not_enforced_by_torch(tb, arr):
 # --- __dlpack__: copy and dl_device ------------------------------------------------------------
 
 
+@needs_numpy_dlpack_1
 def test_copy_true_is_a_real_copy_flagged_is_copied(tb, arr):
     v = tb.asview(arr)
     info = read_capsule(v.__dlpack__(max_version=(1, 3), copy=True))
@@ -199,6 +208,7 @@ def test_copy_true_is_a_real_copy_flagged_is_copied(tb, arr):
     assert y[0, 1] == 1
 
 
+@needs_numpy_dlpack_1
 def test_copy_true_of_strided_and_readonly_view(tb, arr):
     x = arr[:, ::-2]
     x.flags.writeable = False
@@ -208,6 +218,7 @@ def test_copy_true_of_strided_and_readonly_view(tb, arr):
     assert y.ctypes.data not in range(arr.ctypes.data, arr.ctypes.data + arr.nbytes)
 
 
+@needs_numpy_dlpack_1
 def test_copy_false_and_none_share(tb, arr):
     v = tb.asview(arr)
     for copy in (False, None):
@@ -217,6 +228,7 @@ def test_copy_false_and_none_share(tb, arr):
     assert y.ctypes.data == arr.ctypes.data
 
 
+@needs_numpy_dlpack_1
 def test_dl_device_cpu_on_host_view_shares(tb, arr):
     v = tb.asview(arr)
     info = read_capsule(v.__dlpack__(max_version=(1, 3), dl_device=(1, 0)))
@@ -294,6 +306,7 @@ def test_impossible_copies_raise_memory_error():
     assert "cannot allocate" in lines[4] and str(1 << 47) in lines[4], lines[4]
 
 
+@needs_numpy_dlpack_1
 def test_broadcast_copies_within_the_limit_are_made(tb):
     """The refusal is for copies far larger than what the view spans AND over 1 GiB: a
     broadcast row copied to a 4 MiB compact array is made, element by element."""
