@@ -19,15 +19,36 @@ use crate::error::Error;
 ///
 /// Every driver-facing function of this crate returns [`Error::NoDriver`] instead of
 /// touching cudarc when this is false.
+///
+/// The dynamic loader is asked, not cudarc: cudarc's own check (`is_culib_present`) exists
+/// only when cudarc loads libcuda at run time, and this crate also builds where cudarc links
+/// it (candle-core's `cuda` feature asks for `dynamic-linking`, which takes over the
+/// workspace's `fallback-dynamic-loading`). The answer holds in both modes:
+/// - cudarc loading: every name tried here (`libcuda.so.1`, `libcuda.so`) is one cudarc's
+///   loader also tries, so when one opens here, cudarc's first driver call finds a libcuda
+///   and does not panic;
+/// - cudarc linking: libcuda is already mapped (the process could not have started, or the
+///   extension module been imported, without it), and opening its soname returns that
+///   mapped library.
 pub fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| {
-        // SAFETY: `is_culib_present` only tries to load libcuda under its usual names (running
-        // the library's initialisers, as any use of cudarc would) and drops the handle again;
-        // it reads and writes no memory of ours.
-        unsafe { sys::is_culib_present() }
+        LIBCUDA_NAMES.iter().any(|&name| {
+            // SAFETY: opening libcuda runs its initialisers, as cudarc's first call would (or,
+            // when it is linked, did already); the handle is dropped at once, and nothing of
+            // the library is called or kept.
+            unsafe { libloading::Library::new(name) }.is_ok()
+        })
     })
 }
+
+/// The names [`driver_present`] opens libcuda by, the driver's soname first: each is among
+/// those cudarc's loader tries (`cudarc::get_lib_name_candidates`, which cudarc defines only
+/// when loading).
+#[cfg(not(windows))]
+const LIBCUDA_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+#[cfg(windows)]
+const LIBCUDA_NAMES: &[&str] = &["nvcuda.dll"];
 
 /// `Ok` when libcuda is loaded and initialised (`cuInit`, once per process, before any other
 /// driver call of this crate: a driver call before it fails with
