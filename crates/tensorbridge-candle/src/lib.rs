@@ -92,6 +92,17 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// `Send + Sync`, checked at compile time: `Error` is plain data and strings, and candle's
+// error type, which is `Send + Sync` itself.
+// The `allow`: clippy reads the comments above a file's first item back to the top of the
+// file, and takes the safety comment of the crate docs' example for this item's. Kept first
+// so that no module (whose contents an `allow` would cover) is.
+#[allow(clippy::unnecessary_safety_comment)]
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Error>();
+};
+
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dtype;
@@ -106,10 +117,3 @@ pub use import::{import, lend};
 
 #[cfg(doc)]
 use tensorbridge::Tensor;
-
-// `Send + Sync`, checked at compile time: `Error` is plain data and strings, and candle's
-// error type, which is `Send + Sync` itself.
-const _: () = {
-    const fn assert_send_sync<T: Send + Sync>() {}
-    assert_send_sync::<Error>();
-};

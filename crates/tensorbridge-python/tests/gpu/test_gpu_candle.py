@@ -8,8 +8,15 @@ candle (sharing the memory through ``tensorbridge_candle::export_leaked``) must 
 values. Each direction has its control with the ordering left out, which must read stale data:
 it proves the race is real, so the ordered runs prove something.
 
-Needs the extension built with ``candle-cuda``: without it these tests fail (they do not
-skip), since a GPU bundle that lacks them has not tested candle.
+Needs the extension built with ``candle-cuda`` (``cargo xtask test-gpu`` builds it so, and
+its bundle carries that build): without it these tests fail (they do not skip), since a GPU
+bundle that lacks them has not tested candle. So does an extension that cannot be imported:
+the candle build links libcuda, cuBLAS, cuRAND and the CUDA runtime, and a library missing
+from the loader's path is an ``ImportError``, which must not pass for a skip.
+
+candle's devices, its kernels and the producer kernel are made once, before anything is
+timed (the ``warm`` fixture): making a candle device costs milliseconds of host time, which
+would otherwise count as the host waiting.
 """
 
 import time
@@ -17,7 +24,10 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-ext = pytest.importorskip("tensorbridge_example")
+try:
+    import tensorbridge_example as ext
+except ImportError as e:
+    pytest.fail(f"tensorbridge_example does not import: {e}", pytrace=False)
 
 N = 1 << 20
 BUSY_MS = 100
@@ -29,6 +39,17 @@ def _has_candle():
         "tensorbridge_example was built without its `candle-cuda` feature: build the wheel "
         "with `--features candle-cuda` (docs/BUILDING.md, \"candle\")"
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm():
+    """Both candle devices made, candle's fill and reduce kernels and the producer loaded."""
+    _has_candle()
+    for own_stream in (False, True):
+        v = ext.candle_busy_fill(16, 1.0, 0, own_stream)
+        assert torch.from_dlpack(v).sum().item() == 16.0
+    assert ext.candle_sum(torch.ones(16, device="cuda"), True) == 16.0
+    torch.cuda.synchronize()
 
 
 @pytest.fixture(scope="module")
