@@ -34,14 +34,14 @@ pub(crate) const MIRI_PACKAGES: &[&str] = &[
 /// benches' `tch` feature) comes from the managed venv, which every cargo command here gets
 /// through `LIBTORCH` (see [`ci`]).
 const ALL_FEATURES_EXCLUDED: &[&str] = &[
-    // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc and
-    // builds cudarc with `dynamic-linking`, which cudarc refuses next to the workspace's
-    // `dynamic-loading` (the CUDA layer's). Checked on its own, with the CUDA toolkit from
-    // PyPI, in a target directory of its own (`candle_cuda_check`, with `--candle-cuda`).
+    // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc (a CUDA
+    // toolkit, and an hour of a loaded 2-core machine) and links the CUDA libraries, which
+    // would turn the whole build to cudarc's `dynamic-linking`. Checked on its own, with the
+    // CUDA toolkit from PyPI, in a target directory of its own (`candle_cuda_check`, with
+    // `--candle-cuda`; `test-gpu` builds it).
     "tensorbridge-candle",
-    // `candle-cuda`: the candle recipes, which need candle's CUDA half (as above) together
-    // with the Python layer's CUDA crates, a build cudarc refuses until the CUDA layer builds
-    // under its `dynamic-linking` (docs/BUILDING.md, "candle").
+    // `candle-cuda`: the candle recipes, candle's CUDA half as above (docs/BUILDING.md,
+    // "candle").
     "tensorbridge-example",
 ];
 
@@ -63,12 +63,13 @@ pub(crate) const PYTHON_CRATE: &str = "crates/tensorbridge-python";
 /// which the Python suite tests.
 const WHEELS: &[(&str, &str, &str)] = &[
     (PYTHON_CRATE, "tensorbridge", "tensorbridge-"),
-    (
-        "crates/tensorbridge-example",
-        "tensorbridge_example",
-        "tensorbridge_example-",
-    ),
+    (EXAMPLE_CRATE, "tensorbridge_example", EXAMPLE_WHEEL_PREFIX),
 ];
+
+/// The example extension's crate, relative to the workspace root, and the start of its
+/// wheels' file names (`test-gpu` builds it a second time, with its candle recipes).
+pub(crate) const EXAMPLE_CRATE: &str = "crates/tensorbridge-example";
+pub(crate) const EXAMPLE_WHEEL_PREFIX: &str = "tensorbridge_example-";
 
 /// The glibc the wheels are linked against, as the manylinux tag says it: `manylinux_2_28`,
 /// the floor of torch's own wheels since 2.6 (so every machine that runs a supported torch
@@ -90,7 +91,8 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
 
 struct Options {
     miri: bool,
-    /// `--candle-cuda`: clippy on candle's CUDA half too (nvcc builds candle's kernels: long).
+    /// `--candle-cuda`: clippy on candle's CUDA half too, the candle crate's and the example
+    /// extension's (nvcc builds candle's kernels: long).
     candle_cuda: bool,
     /// The environments whose pytest suite runs ([`ENVS`] by default, `--env` narrows).
     envs: Vec<&'static Spec>,
@@ -161,8 +163,8 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
             // in its build script, also for clippy: far more than the rest of CI on 2 cores
             // (docs/BUILDING.md, "candle"). `test-gpu --bundle` builds it, with its GPU tests.
             steps.skip(
-                "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
-                "opt in with --candle-cuda; test-gpu --bundle builds it",
+                "clippy tensorbridge-candle and tensorbridge-example with candle CUDA",
+                "opt in with --candle-cuda; test-gpu --bundle builds them",
             );
             Ok(())
         }
@@ -276,34 +278,46 @@ fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result
     foreground.and(suites)
 }
 
-/// candle's CUDA half (`tensorbridge-candle`'s `cuda` and `gpu-tests` features) through
-/// clippy, with the CUDA toolkit from PyPI (`cuda_toolkit`), in `target/candle-cuda`: its
-/// cudarc is built for linking, not loading, so sharing the main target directory would
-/// rebuild cudarc's dependents whenever the two alternate. Its GPU tests run from the bundle.
+/// candle's CUDA half through clippy: `tensorbridge-candle --features gpu-tests` and the
+/// example extension's candle recipes (`--features candle-cuda`), with the CUDA toolkit from
+/// PyPI (`cuda_toolkit`), in `target/candle-cuda`: its cudarc links the CUDA libraries
+/// instead of loading them, so sharing the main target directory would rebuild cudarc's
+/// dependents whenever the two alternate. In release, as `test-gpu` builds the same two
+/// (`candle_gpu`, the example wheel), so that the three reuse one compilation of candle's
+/// kernels per package instead of adding a debug one (docs/BUILDING.md, "candle"). Their GPU
+/// tests run from the bundle.
 fn candle_cuda_check(steps: &mut Steps, venv: &Venv) -> Result<()> {
     let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
-    let mut clippy = venv.cargo();
-    clippy
-        .args([
-            "clippy",
-            "-p",
-            "tensorbridge-candle",
-            "--all-targets",
-            "--features",
-            "gpu-tests",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .env(
-            "CARGO_TARGET_DIR",
-            root().join("target").join("candle-cuda"),
-        );
-    toolkit.apply(&mut clippy);
-    steps.cmd(
-        "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
-        &mut clippy,
-    )
+    for (package, feature) in [
+        ("tensorbridge-candle", "gpu-tests"),
+        ("tensorbridge-example", "candle-cuda"),
+    ] {
+        let mut clippy = venv.cargo();
+        clippy
+            .args([
+                "clippy",
+                "--release",
+                "-p",
+                package,
+                "--all-targets",
+                "--features",
+                feature,
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+            .env(
+                "CARGO_TARGET_DIR",
+                root().join("target").join("candle-cuda"),
+            );
+        toolkit.apply(&mut clippy);
+        steps.cmd(
+            &format!("clippy {package} --features {feature} (candle CUDA)"),
+            &mut clippy,
+        )?;
+    }
+    Ok(())
 }
 
 /// How many environments' pytest suites run at once ([`python`]).
@@ -610,7 +624,7 @@ fn manylinux_of(s: &str) -> Option<(u32, u32)> {
 }
 
 /// The wheels in `dir` whose file name starts with `prefix` (none when `dir` does not exist).
-fn wheels_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+pub(crate) fn wheels_in(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(Vec::new());
     };

@@ -61,10 +61,16 @@ pub(crate) struct Toolkit {
 }
 
 impl Toolkit {
-    /// Points `cmd` (a cargo command) at the toolkit.
+    /// Points `cmd` (a cargo command, or maturin's) at the toolkit: its `bin` goes in front
+    /// of the `PATH` the command already has (a virtual environment's, say), or of this
+    /// process's.
     pub(crate) fn apply(&self, cmd: &mut Command) {
         let mut path = std::ffi::OsString::from(self.home.join("bin"));
-        if let Some(old) = std::env::var_os("PATH") {
+        let set = cmd
+            .get_envs()
+            .find(|(key, _)| *key == "PATH")
+            .and_then(|(_, value)| value.map(std::ffi::OsStr::to_os_string));
+        if let Some(old) = set.or_else(|| std::env::var_os("PATH")) {
             path.push(":");
             path.push(old);
         }

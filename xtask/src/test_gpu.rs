@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::ci::{self, PYTHON_CRATE, build_wheels};
+use crate::ci::{self, EXAMPLE_CRATE, EXAMPLE_WHEEL_PREFIX, PYTHON_CRATE, build_wheels};
 use crate::venv::{self, with_libtorch};
 use crate::{Steps, absolute, cargo, display, root, split_passthrough};
 
@@ -25,9 +25,9 @@ const GPU_TESTS: &[(&str, &str)] = &[
     // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
     // searched before the rpath to this machine's venv.
     ("tensorbridge-tch", "gpu-tests"),
-    // tensorbridge-candle's `gpu-tests` is built apart (`build_candle`), not in this list:
-    // its cudarc links the CUDA libraries, which cudarc cannot do in one build with the
-    // CUDA layer's loading.
+    // tensorbridge-candle's `gpu-tests` is built apart (`build_candle`), not in this list: it
+    // needs the CUDA toolkit, and its cudarc links the CUDA libraries, which would turn every
+    // binary of this build to linking them.
 ];
 
 /// The bundle's scripts' shared preamble: where libtorch, libcuda and the CUDA toolkit are
@@ -86,13 +86,29 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     }
     // manylinux_2_28, as in `ci`: they install on the GPU machine whatever its glibc.
     ci::check_manylinux(steps, &venv, &wheels)?;
-    let python = Python {
+    // The example extension once more, with its candle recipes (`test_gpu_candle.py`), for
+    // the interpreter that runs the suite: the GPU machine's CPython 3.12, or this venv's.
+    let abi = if bundle.is_some() || venv.python_version()? >= (3, 12) {
+        "abi3-py312"
+    } else {
+        "abi3-py39"
+    };
+    let candle_example = steps.run(
+        &format!("build the example extension with candle-cuda ({abi})"),
+        || build_candle_example(&venv, &toolkit, abi),
+    )?;
+    let mut python = Python {
         wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),
         examples: root().join(PYTHON_CRATE).join("examples"),
     };
     match bundle {
         Some(dir) => {
+            // The example extension the bundle installs is the one with the candle recipes
+            // (a superset of the ordinary one: every other recipe is the same code), since
+            // one interpreter can import only one `tensorbridge_example`.
+            python.wheels.retain(|w| !is_example_wheel(w));
+            python.wheels.push(candle_example);
             // The bench groups for the GPU machine: the GPU ones (feature `gpu`) and the CPU
             // ones, so that they are measured on the same quiet host in the same run.
             let benches = steps.run("build the benches (release, stripped)", || {
@@ -105,6 +121,23 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
         }
         None => {
             let site = ci::install_wheels(steps, &venv)?;
+            // In place of the ordinary example extension, as in the bundle.
+            steps.cmd(
+                "python: install the example extension with candle-cuda",
+                venv.python_cmd()
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--no-index",
+                        "--no-deps",
+                        "--upgrade",
+                        "--target",
+                    ])
+                    .arg(&site)
+                    .arg(&candle_example),
+            )?;
             let smoke = python.tests.join("test_native_smoke.py");
             let gpu = python.tests.join("gpu");
             let mut paths = vec![smoke.as_path()];
@@ -202,10 +235,10 @@ fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
 /// Builds tensorbridge-candle's GPU test binary (`candle_gpu`), release and stripped, in a
 /// target directory of its own with the CUDA toolkit from PyPI: candle-core's `cuda` feature
 /// compiles candle's kernels with nvcc and links the CUDA libraries (cudarc's
-/// `dynamic-linking`), which cudarc refuses to build in one graph with the `dynamic-loading`
-/// the rest of the suite uses. On the GPU machine it loads the real libcuda, NVRTC, cuBLAS
-/// and cuRAND through `run.sh`'s `LD_LIBRARY_PATH` (the driver's directory and the CUDA
-/// toolkit's `lib64`).
+/// `dynamic-linking`, which takes over the workspace's `fallback-dynamic-loading`: the rest
+/// of the suite loads them). On the GPU machine it loads the real libcuda, cuBLAS, cuRAND
+/// and the CUDA runtime through `run.sh`'s `LD_LIBRARY_PATH` (the driver's directory,
+/// PyTorch's NVIDIA wheels, the CUDA toolkit's `lib64`).
 fn build_candle(toolkit: &crate::cuda_toolkit::Toolkit) -> Result<Vec<TestBinary>> {
     let mut cmd = cargo();
     cmd.args([
@@ -228,6 +261,73 @@ fn build_candle(toolkit: &crate::cuda_toolkit::Toolkit) -> Result<Vec<TestBinary
         bail!("cargo built no candle GPU test binary (expected `candle_gpu`)");
     }
     Ok(binaries)
+}
+
+/// The example extension (`tensorbridge_example`) with its `candle-cuda` feature, as a wheel
+/// for the stable ABI `abi` (`abi3-py312` or `abi3-py39`) in `target/wheels-candle-cuda`:
+/// built like [`build_candle`] (in `target/candle-cuda`, with the CUDA toolkit), release,
+/// stripped. candle's kernels are compiled once for this wheel and once for `candle_gpu`
+/// (their build dependencies resolve with different features, so each gets its own build
+/// script output), then kept in that directory (docs/BUILDING.md, "candle"). Tagged
+/// `linux_x86_64` and not
+/// repaired: it links libcuda and the CUDA libraries that candle-core links (cuBLAS, cuRAND,
+/// the CUDA runtime), which the GPU machine's driver and PyTorch provide (`libpath.sh` puts
+/// them on the loader's path) and auditwheel would otherwise copy into the wheel; its glibc
+/// is this machine's (2.36 on the build machine; the GPU machine has 2.39). The ordinary
+/// example wheel (`ci`'s, manylinux_2_28, no CUDA library linked) is left as it is.
+fn build_candle_example(
+    venv: &venv::Venv,
+    toolkit: &crate::cuda_toolkit::Toolkit,
+    abi: &str,
+) -> Result<PathBuf> {
+    let out = root().join("target").join("wheels-candle-cuda");
+    for old in ci::wheels_in(&out, EXAMPLE_WHEEL_PREFIX)? {
+        fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    let mut maturin = venv.python_cmd();
+    maturin
+        .args([
+            "-m",
+            "maturin",
+            "build",
+            "--release",
+            "--compatibility",
+            "linux",
+            "--auditwheel",
+            "skip",
+            "--manifest-path",
+        ])
+        .arg(root().join(EXAMPLE_CRATE).join("Cargo.toml"))
+        .arg("--out")
+        .arg(&out)
+        .args(["--no-default-features", "--features"])
+        .arg(format!("{abi},candle-cuda"))
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env(
+            "CARGO_TARGET_DIR",
+            root().join("target").join("candle-cuda"),
+        );
+    if abi != "abi3-py39" {
+        // The build machine's interpreter may be older than the ABI (as in `ci`).
+        maturin.env("PYO3_NO_PYTHON", "1");
+    }
+    toolkit.apply(&mut maturin);
+    println!("{}", display(&maturin));
+    crate::run_status(&mut maturin)?;
+    match ci::wheels_in(&out, EXAMPLE_WHEEL_PREFIX)?.as_slice() {
+        [one] => Ok(one.clone()),
+        found => bail!(
+            "expected one {EXAMPLE_WHEEL_PREFIX}*.whl in {} after maturin, found {found:?}",
+            out.display()
+        ),
+    }
+}
+
+/// Whether `wheel` is a build of the example extension (by its file name).
+fn is_example_wheel(wheel: &Path) -> bool {
+    wheel
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(EXAMPLE_WHEEL_PREFIX))
 }
 
 /// Runs a cargo build command with `--message-format=json` and returns its JSON lines, after
@@ -464,6 +564,13 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
     }
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for bin in binaries {
+        let len = fs::metadata(&bin.path)
+            .with_context(|| format!("reading {}", bin.path.display()))?
+            .len();
+        if len > GZIP_ABOVE {
+            gzip(&bin.path, &dir.join(format!("{}.gz", bin.name)))?;
+            continue;
+        }
         let to = dir.join(&bin.name);
         fs::copy(&bin.path, &to)
             .with_context(|| format!("copying {} to {}", bin.path.display(), to.display()))?;
@@ -505,6 +612,27 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
         "on the GPU machine: {}/run.sh [ARGS...], e.g. run.sh --nocapture",
         dir.display()
     );
+    Ok(())
+}
+
+/// Test binaries larger than this travel gzipped (`NAME.gz`, unpacked by `run.sh`): candle's
+/// (`candle_gpu`, 37 MB of which 32 MB are candle's quantized and MoE kernels, and 10 MB
+/// gzipped) would otherwise take the bundle past the 64 MiB a GPU run can carry.
+const GZIP_ABOVE: u64 = 16 << 20;
+
+/// `gzip -c from > to` (gzip is on every Linux the bundle goes to: Debian and Ubuntu mark it
+/// essential).
+fn gzip(from: &Path, to: &Path) -> Result<()> {
+    let out = fs::File::create(to).with_context(|| format!("creating {}", to.display()))?;
+    let status = Command::new("gzip")
+        .arg("-c")
+        .arg(from)
+        .stdout(out)
+        .status()
+        .context("running gzip")?;
+    if !status.success() {
+        bail!("gzip {} exited with {status}", from.display());
+    }
     Ok(())
 }
 

@@ -23,6 +23,17 @@ fi
 binaries=(@BINARIES@)
 passed=0
 failed=0
+# Binaries over 16 MiB travel gzipped (NAME.gz), so that the bundle stays small enough to carry:
+# unpacked here, once.
+for gz in "$here"/*.gz; do
+    [ -e "$gz" ] || continue
+    bin="${gz%.gz}"
+    if [ ! -x "$bin" ] || [ "$gz" -nt "$bin" ]; then
+        if ! { gzip -dc "$gz" >"$bin.part" && chmod +x "$bin.part" && mv "$bin.part" "$bin"; }; then
+            echo "could not unpack $gz"
+        fi
+    fi
+done
 for bin in "${binaries[@]}"; do
     echo "==> $bin"
     # shellcheck disable=SC2086 # TB_WRAP is a command line, split on purpose.

@@ -4,9 +4,10 @@
 //! zero-copy path into candle.
 //!
 //! This module makes its few driver calls itself, on cudarc, rather than through
-//! tensorbridge-cuda: candle-core's `cuda` feature builds cudarc with `dynamic-linking`,
-//! under which cudarc has no `is_culib_present`, which the CUDA layer calls (see the crate's
-//! `# Limitations`).
+//! tensorbridge-cuda: it was written when the two could not share a build (candle-core's
+//! `cuda` feature builds cudarc with `dynamic-linking`, and the CUDA layer then needed
+//! cudarc's loading-only `is_culib_present`). They can now (docs/BUILDING.md, "candle"), so
+//! these calls could move to the CUDA layer.
 
 use std::any::Any;
 use std::sync::Arc;

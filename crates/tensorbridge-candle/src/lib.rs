@@ -81,12 +81,13 @@
 //!   and are refused ([`Error::UnsupportedCandleDType`]); float8 tensors are imported but
 //!   not copied back ([`export_copied`] copies the core's host-view element types).
 //! - The `cuda` feature turns on candle-core's `cuda`, which compiles candle's kernels with
-//!   nvcc at build time and builds cudarc with `dynamic-linking` (libcuda, NVRTC, cuBLAS,
-//!   cuRAND linked, not loaded at run time): building needs a CUDA toolkit, and the binary a
-//!   driver to start. tensorbridge's own CUDA crates load libcuda at run time and ask
-//!   cudarc whether it is there (`is_culib_present`), which cudarc provides only when
-//!   loading, so this crate's CUDA half makes its few driver calls itself and cannot share a
-//!   build with `tensorbridge-cuda` until that check works under both of cudarc's link modes.
+//!   nvcc at build time and builds cudarc with `dynamic-linking` (libcuda, cuBLAS, cuRAND and
+//!   the CUDA runtime linked, not loaded at the first call): building needs a CUDA toolkit,
+//!   and the binary (or extension module) the driver and those libraries to start. It takes
+//!   over the workspace's `fallback-dynamic-loading`, so the rest of tensorbridge's CUDA
+//!   crates link too in such a build, and work the same (the example extension's
+//!   `candle-cuda` build is one). This crate's CUDA half still makes its few driver calls
+//!   itself, on candle's cudarc, rather than through `tensorbridge-cuda`.
 //! - Only candle's CPU and CUDA devices: Metal tensors are refused
 //!   ([`Error::UnsupportedDevice`]).
 

@@ -51,6 +51,18 @@ fn made_up_handles_are_safe_to_make() {
 }
 
 #[test]
+fn driver_presence_agrees_with_cudarcs_loader() {
+    // `driver_present` asks the dynamic loader, so that it also builds where cudarc links
+    // libcuda (candle's CUDA half); where cudarc loads it, as in this crate's own builds,
+    // cudarc's check must give the same answer, or "present" could still end in cudarc's
+    // panic at the first call (and "absent" refuse a machine cudarc would have served).
+    // SAFETY: `is_culib_present` only tries to load libcuda under cudarc's names (running its
+    // initialisers, as any use of cudarc would) and drops the handle again.
+    let cudarc_says = unsafe { cudarc::driver::sys::is_culib_present() };
+    assert_eq!(tensorbridge_cuda::driver_present(), cudarc_says);
+}
+
+#[test]
 fn driver_calls_report_no_driver() {
     if tensorbridge_cuda::driver_present() {
         println!("libcuda is present here: the no-driver path is covered on machines without it");
