@@ -1,5 +1,5 @@
 //! Keeps `docs/ERRORS.md` honest: every variant of the core, DLPack, CUDA Array Interface,
-//! CUDA layer, cudarc and Python error enums has an entry (`Error::Name`) in its crate's section, with its message
+//! CUDA layer, cudarc, Python, ndarray, candle and burn error enums has an entry (`Error::Name`) in its crate's section, with its message
 //! template exactly as the `#[error]` attribute spells it. A variant added or a message changed
 //! without the document following fails here.
 //!
@@ -117,7 +117,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 }
 
 /// (crate, error.rs, a variant the scanner must find, the least number of variants).
-const ENUMS: [(&str, &str, &str, usize); 6] = [
+const ENUMS: [(&str, &str, &str, usize); 9] = [
     (
         "tensorbridge",
         "crates/tensorbridge-core/src/error.rs",
@@ -154,6 +154,24 @@ const ENUMS: [(&str, &str, &str, usize); 6] = [
         "NotATensor",
         40,
     ),
+    (
+        "tensorbridge-ndarray",
+        "crates/tensorbridge-ndarray/src/error.rs",
+        "RankMismatch",
+        2,
+    ),
+    (
+        "tensorbridge-candle",
+        "crates/tensorbridge-candle/src/error.rs",
+        "NotZeroCopy",
+        10,
+    ),
+    (
+        "tensorbridge-burn",
+        "crates/tensorbridge-burn/src/error.rs",
+        "WrongBurnTensor",
+        5,
+    ),
 ];
 
 #[test]
@@ -173,8 +191,10 @@ fn the_scanner_finds_every_variant() {
         assert!(known.template.is_some(), "{crate_name}: {known:?}");
         assert!(
             found.iter().all(|v| v.template.is_some()
-                || ["Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python"]
-                    .contains(&v.name.as_str())),
+                || [
+                    "Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python", "Candle"
+                ]
+                .contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"
         );
     }

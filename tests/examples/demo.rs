@@ -50,6 +50,21 @@ const PATHS: &[Path] = &[
         run: tensor_through_libtorch,
     },
     Path {
+        producer: "ndarray Array2 (lent)",
+        consumer: "tensorbridge::Tensor -> ndarray ArrayView",
+        run: ndarray_through_tensor,
+    },
+    Path {
+        producer: "candle Tensor (CPU)",
+        consumer: "tensorbridge::Tensor -> candle Tensor",
+        run: candle_through_tensor,
+    },
+    Path {
+        producer: "tensorbridge::Tensor",
+        consumer: "burn-flex Tensor -> tensorbridge::Tensor",
+        run: tensor_through_burn,
+    },
+    Path {
         producer: "cudarc CudaSlice (GPU)",
         consumer: "tensorbridge::Tensor -> cudarc kernel argument",
         run: cudarc_slice_to_kernel_argument,
@@ -174,6 +189,110 @@ fn tensor_through_libtorch() -> Result<Outcome> {
          environment's libtorch)"
             .to_owned(),
     ))
+}
+
+/// An ndarray array lent as a tensor and viewed back as an ndarray view: the view's element
+/// 0 is the array's; a write through a writable view of an imported (owned) array is what
+/// the array holds when it comes back. The time is one lend plus one view.
+fn ndarray_through_tensor() -> Result<Outcome> {
+    use ndarray::{Array2, Ix2};
+    let array = Array2::from_shape_vec((2, 3), f32_pattern(6))?;
+    let ptr = array.as_ptr() as usize;
+    let lent_view = |a: &Array2<f32>| {
+        tensorbridge_ndarray::lend(a, |lent| {
+            let v = tensorbridge_ndarray::view_ref::<f32, Ix2>(lent.as_ref())?;
+            Ok::<_, tensorbridge_ndarray::Error>(v.as_ptr() as usize)
+        })
+    };
+    let same_pointer = lent_view(&array)? == ptr;
+    let before = array[[1, 2]];
+    let tensor = tensorbridge_ndarray::import(array).map_err(|e| anyhow::anyhow!("{e}"))?;
+    {
+        // SAFETY: the only view of the tensor, which no one else holds.
+        let mut v = unsafe { tensorbridge_ndarray::view_mut::<f32, Ix2>(&tensor) }?;
+        v[[1, 2]] = -before;
+    }
+    let Ok(back) = tensorbridge_ndarray::try_into_array::<f32, Ix2>(tensor) else {
+        bail!("the imported array did not come back");
+    };
+    let write_visible = back[[1, 2]] == -before && back.as_ptr() as usize == ptr;
+    let per_conversion = median_time(|| lent_view(black_box(&back)).map(drop).map_err(Into::into))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// A candle CPU tensor imported as a tensor (its storage shared, the candle tensor the
+/// owner) and exported back (the same candle tensor): a write through the tensor is what
+/// candle reads. The time is one import plus one export.
+fn candle_through_tensor() -> Result<Outcome> {
+    let c = candle_core::Tensor::from_vec(f32_pattern(6), (2, 3), &candle_core::Device::Cpu)?;
+    let storage_addr = {
+        let (storage, _) = c.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => v.as_ptr() as usize,
+            _ => bail!("a CPU float32 storage"),
+        }
+    };
+    let roundtrip = |c: &candle_core::Tensor| -> Result<candle_core::Tensor> {
+        // SAFETY: candle writes `c` in place nowhere in the demo.
+        let t = unsafe { tensorbridge_candle::import(c) }?;
+        Ok(tensorbridge_candle::export(&t)?)
+    };
+    // SAFETY: as above.
+    let tensor = unsafe { tensorbridge_candle::import(&c) }?;
+    let same_pointer = tensor.data_ptr() == storage_addr && roundtrip(&c)?.id() == c.id();
+    let before = {
+        // SAFETY: the only view of the memory while it lives; candle reads it only after.
+        let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
+        let before = view.get(&[1, 2])?;
+        view.set(&[1, 2], -before)?;
+        before
+    };
+    let write_visible = c.to_vec2::<f32>()?[1][2] == -before;
+    drop(tensor);
+    let per_conversion = median_time(|| roundtrip(black_box(&c)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
+}
+
+/// A tensor handed to burn's CPU backend (burn's storage over the tensor's memory, the tensor
+/// held by burn's byte controller) and back (a burn tensor out, read-only): the same
+/// memory, and a write through the producer's buffer is what the round trip reads.
+fn tensor_through_burn() -> Result<Outcome> {
+    through_consumer_read_only(|t| {
+        let b: burn_tensor::Tensor<2> = tensorbridge_burn::export(t)?;
+        Ok(tensorbridge_burn::import(b)?)
+    })
+}
+
+/// [`through_consumer`] for consumers that give back a read-only tensor: the write goes
+/// through the producer's tensor and must be what the consumer's tensor reads.
+fn through_consumer_read_only(convert: fn(&Tensor) -> Result<Tensor>) -> Result<Outcome> {
+    let buffer = Arc::new(HostBuffer::new(f32_pattern(6)));
+    let tensor = describe(&buffer)?;
+    let through = convert(&tensor)?;
+    let same_pointer = through.data_ptr() == buffer.addr();
+    let before = through.host_view::<f32>()?.get(&[1, 2])?;
+    {
+        // SAFETY: obligation 1: the only view of the buffer while it lives; `through` is read
+        // only after this block.
+        let mut view = unsafe { tensor.host_view_mut::<f32>() }?;
+        view.set(&[1, 2], -before)?;
+    }
+    let write_visible = through.host_view::<f32>()?.get(&[1, 2])? == -before;
+    drop(through);
+    let per_conversion = median_time(|| convert(black_box(&tensor)).map(drop))?;
+    Ok(Outcome::Measured(Measured {
+        same_pointer,
+        write_visible,
+        per_conversion,
+    }))
 }
 
 /// A cudarc slice imported as a tensor, then viewed as a cudarc kernel argument on another

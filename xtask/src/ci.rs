@@ -25,6 +25,7 @@ pub(crate) const MIRI_PACKAGES: &[&str] = &[
     "tensorbridge-core",
     "tensorbridge-dlpack",
     "tensorbridge-cai",
+    "tensorbridge-ndarray",
 ];
 
 /// Packages left out of the `--all-features` clippy run because one of their features needs
@@ -32,7 +33,17 @@ pub(crate) const MIRI_PACKAGES: &[&str] = &[
 /// loads libcuda at run time and builds anywhere, and libtorch (tensorbridge-tch, the
 /// benches' `tch` feature) comes from the managed venv, which every cargo command here gets
 /// through `LIBTORCH` (see [`ci`]).
-const ALL_FEATURES_EXCLUDED: &[&str] = &[];
+const ALL_FEATURES_EXCLUDED: &[&str] = &[
+    // `cuda` / `gpu-tests`: candle-core's `cuda` compiles candle's kernels with nvcc and
+    // builds cudarc with `dynamic-linking`, which cudarc refuses next to the workspace's
+    // `dynamic-loading` (the CUDA layer's). Checked on its own, with the CUDA toolkit from
+    // PyPI, in a target directory of its own (`candle_cuda_check`, with `--candle-cuda`).
+    "tensorbridge-candle",
+    // `candle-cuda`: the candle recipes, which need candle's CUDA half (as above) together
+    // with the Python layer's CUDA crates, a build cudarc refuses until the CUDA layer builds
+    // under its `dynamic-linking` (docs/BUILDING.md, "candle").
+    "tensorbridge-example",
+];
 
 /// Packages that need libpython to link their test binaries: left out of the plain
 /// `cargo test` step and tested in the Python step, inside the managed environment.
@@ -71,10 +82,16 @@ const MIRI_PROPTEST_CASES: u32 = 8;
 /// Steps of other xtask modules that `ci` runs after the Rust checks and before the Python
 /// package: each gets the steps and the pinned environment (its libtorch, its interpreter).
 /// Add a module's `fn(&mut Steps, &Venv) -> Result<()>` here.
-const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[];
+const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
+    // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
+    // libtorch it expects.
+    crate::tch_range::run,
+];
 
 struct Options {
     miri: bool,
+    /// `--candle-cuda`: clippy on candle's CUDA half too (nvcc builds candle's kernels: long).
+    candle_cuda: bool,
     /// The environments whose pytest suite runs ([`ENVS`] by default, `--env` narrows).
     envs: Vec<&'static Spec>,
 }
@@ -82,12 +99,14 @@ struct Options {
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut options = Options {
         miri: true,
+        candle_cuda: false,
         envs: Vec::new(),
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--no-miri" => options.miri = false,
+            "--candle-cuda" => options.candle_cuda = true,
             "--env" => {
                 let name = args.next().context("`--env` needs an environment's name")?;
                 let Some(spec) = ENVS.iter().find(|s| s.name == name) else {
@@ -98,7 +117,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 };
                 options.envs.push(spec);
             }
-            other => bail!("unknown option `{other}` for `ci` (expected --no-miri, --env NAME)"),
+            other => bail!(
+                "unknown option `{other}` for `ci` (expected --no-miri, --candle-cuda, --env NAME)"
+            ),
         }
     }
     if options.envs.is_empty() {
@@ -132,7 +153,20 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
                 .collect::<Result<Vec<Venv>>>()
         },
     )?;
-    let rust = rust_checks(steps, &venv);
+    let rust = rust_checks(steps, &venv).and_then(|()| {
+        if options.candle_cuda {
+            candle_cuda_check(steps, &venv)
+        } else {
+            // candle-kernels compiles candle's quantized and MoE kernels for sm_90a with nvcc
+            // in its build script, also for clippy: far more than the rest of CI on 2 cores
+            // (docs/BUILDING.md, "candle"). `test-gpu --bundle` builds it, with its GPU tests.
+            steps.skip(
+                "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
+                "opt in with --candle-cuda; test-gpu --bundle builds it",
+            );
+            Ok(())
+        }
+    });
     // Joined whatever happened, so that no pip is left running and its failure is reported.
     let others = environments.join(steps);
     rust?;
@@ -240,6 +274,36 @@ fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result
         suites = suites.and(lane.join(steps));
     }
     foreground.and(suites)
+}
+
+/// candle's CUDA half (`tensorbridge-candle`'s `cuda` and `gpu-tests` features) through
+/// clippy, with the CUDA toolkit from PyPI (`cuda_toolkit`), in `target/candle-cuda`: its
+/// cudarc is built for linking, not loading, so sharing the main target directory would
+/// rebuild cudarc's dependents whenever the two alternate. Its GPU tests run from the bundle.
+fn candle_cuda_check(steps: &mut Steps, venv: &Venv) -> Result<()> {
+    let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
+    let mut clippy = venv.cargo();
+    clippy
+        .args([
+            "clippy",
+            "-p",
+            "tensorbridge-candle",
+            "--all-targets",
+            "--features",
+            "gpu-tests",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env(
+            "CARGO_TARGET_DIR",
+            root().join("target").join("candle-cuda"),
+        );
+    toolkit.apply(&mut clippy);
+    steps.cmd(
+        "clippy tensorbridge-candle --features gpu-tests (candle CUDA)",
+        &mut clippy,
+    )
 }
 
 /// How many environments' pytest suites run at once ([`python`]).

@@ -7,8 +7,10 @@
 
 mod bench;
 mod ci;
+mod cuda_toolkit;
 mod demo;
 mod fuzz;
+mod tch_range;
 mod test_gpu;
 mod threads;
 mod venv;

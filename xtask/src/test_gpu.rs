@@ -25,6 +25,9 @@ const GPU_TESTS: &[(&str, &str)] = &[
     // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
     // searched before the rpath to this machine's venv.
     ("tensorbridge-tch", "gpu-tests"),
+    // tensorbridge-candle's `gpu-tests` is built apart (`build_candle`), not in this list:
+    // its cudarc links the CUDA libraries, which cudarc cannot do in one build with the
+    // CUDA layer's loading.
 ];
 
 /// The bundle's scripts' shared preamble: where libtorch, libcuda and the CUDA toolkit are
@@ -67,7 +70,14 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     // against the wheel, like the CPU suite in `ci`.
     let venv = venv::ensure(steps)?;
     let libtorch = venv.torch_dir()?;
-    let binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
+    let mut binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
+    // candle's CUDA tests: built apart, with a CUDA toolkit (`cuda_toolkit`), see `build_candle`.
+    let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
+    binaries.extend(
+        steps.run("build candle's GPU tests (release, stripped)", || {
+            build_candle(&toolkit)
+        })?,
+    );
     let mut wheels = build_wheels(steps, &venv)?;
     if bundle.is_some() {
         // The GPU machines run CPython 3.12: the bundle carries both builds, and pip picks
@@ -185,6 +195,37 @@ fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
             bail!("two GPU test binaries are both named `{}`", bin.name);
         }
         println!("built {} ({})", bin.name, bin.path.display());
+    }
+    Ok(binaries)
+}
+
+/// Builds tensorbridge-candle's GPU test binary (`candle_gpu`), release and stripped, in a
+/// target directory of its own with the CUDA toolkit from PyPI: candle-core's `cuda` feature
+/// compiles candle's kernels with nvcc and links the CUDA libraries (cudarc's
+/// `dynamic-linking`), which cudarc refuses to build in one graph with the `dynamic-loading`
+/// the rest of the suite uses. On the GPU machine it loads the real libcuda, NVRTC, cuBLAS
+/// and cuRAND through `run.sh`'s `LD_LIBRARY_PATH` (the driver's directory and the CUDA
+/// toolkit's `lib64`).
+fn build_candle(toolkit: &crate::cuda_toolkit::Toolkit) -> Result<Vec<TestBinary>> {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--release",
+        "-p",
+        "tensorbridge-candle",
+        "--features",
+        "gpu-tests",
+        "--no-run",
+    ])
+    .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+    .env(
+        "CARGO_TARGET_DIR",
+        root().join("target").join("candle-cuda"),
+    );
+    toolkit.apply(&mut cmd);
+    let binaries = test_binaries(&cargo_messages(&mut cmd)?);
+    if binaries.is_empty() {
+        bail!("cargo built no candle GPU test binary (expected `candle_gpu`)");
     }
     Ok(binaries)
 }

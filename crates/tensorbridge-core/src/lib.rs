@@ -1,7 +1,8 @@
 //! The tensorbridge core: a validated, zero-copy description of tensor memory that someone
 //! else may own, and the shared model every adapter converts to and from.
 //!
-//! Adapter crates (DLPack, the CUDA Array Interface, cudarc, libtorch, Python) each convert
+//! Adapter crates (DLPack, the CUDA Array Interface, cudarc, libtorch, Python, ndarray,
+//! candle, burn) each convert
 //! one foreign representation into a [`Tensor`] and back; any pair of formats therefore
 //! converts through this crate. The core itself depends on no CUDA, libtorch or Python
 //! library.
@@ -56,6 +57,9 @@
 //! | `tensorbridge-cudarc` | `import`, `import_shaped` | `try_into_slice` | `lend`, `lend_shaped`, `view`, `view_mut`, `KernelArgs` | `Lent::make_ready_on_raw`, `Lent::join_raw` |
 //! | `tensorbridge-tch` | `import` | `export`, `export_with` | `with_current_stream` (libtorch's stream, for your kernel) | |
 //! | `tensorbridge-pyo3` | `import`, `AnyTensor` | `export` (a `View`) | `kernel_call` (the arguments and their framework's stream, for your kernel) | `import_on_raw` (a raw stream integer) |
+//! | `tensorbridge-ndarray` | `import` (an `Array`), `import_shared` (an `ArcArray`) | `view`, `view_mut` (`unsafe`), `try_into_array` | `lend`, `lend_mut`, `view_ref`, `view_mut_ref` | |
+//! | `tensorbridge-burn` | `import` (burn's `Tensor<D, K>`), `import_primitive` (a `FlexTensor`) | `export`, `export_primitive` | | |
+//! | `tensorbridge-candle` | `import` (`unsafe`: candle's in-place writes) | `export` (the candle tensor it came from), `export_copied` (a copy), `export_leaked` (CUDA, kept until exit) | `lend` (CPU, candle's storage lock held) | |
 //! | `tensorbridge-cuda` (not an adapter) | | | | every `_raw` function: `handoff_raw`, `make_ready_on_raw`, `join_raw`, `CudaSignal::record_raw`, `wait_on_raw`, `retire_on_raw`, `with_stream_raw` |
 //!
 //! # Ownership

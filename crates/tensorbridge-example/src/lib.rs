@@ -23,10 +23,19 @@
 //!   no argument; the same three through dlpark 0.10's own PyO3 import. The per-call
 //!   benchmark's subjects (`benches/python/compare.py`), next to tvm-ffi's `testing.nop`.
 //!
+//! - `nd_grid`, `nd_ptr`, `nd_sum`, `nd_scale`: ndarray data to Python frameworks and back,
+//!   zero-copy (module `ndarray_recipes`).
+//! - `candle_busy_fill`, `candle_sum` (feature `candle-cuda`): candle CUDA tensors to Python
+//!   frameworks and back, ordered on the GPU (module `candle_recipes`).
+//!
 //! `total` and `ramp` return `Result<_, tensorbridge_pyo3::Error>`: every error (the core's,
 //! the CUDA layer's, cudarc's, Python's) converts with `?`, and PyO3 raises the Python
 //! exception the crate's one mapping picks (`RuntimeError` for the driver, `TypeError`/
 //! `ValueError` for bad input).
+
+#[cfg(feature = "candle-cuda")]
+mod candle_recipes;
+mod ndarray_recipes;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -280,5 +289,8 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nop3_owned, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(dlpark_nop3, m)?)?;
+    ndarray_recipes::register(m)?;
+    #[cfg(feature = "candle-cuda")]
+    candle_recipes::register(m)?;
     Ok(())
 }
