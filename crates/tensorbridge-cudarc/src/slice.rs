@@ -446,8 +446,29 @@ impl<S: Source> fmt::Debug for Lent<S> {
 }
 
 /// The owner of an owned form's tensor: the slice itself. Dropping the last clone drops the
-/// slice, which cudarc frees on its stream after the work it tracked.
-struct SliceOwner<T>(CudaSlice<T>);
+/// slice, which cudarc frees on its stream after the work it tracked. cudarc's drop binds the
+/// slice's context to the dropping thread; the owner puts that thread's context back, so
+/// dropping a tensor (in the caller's code, a reaper's, another framework's deleter) never
+/// changes the current context of whoever drops it. `None` only once `try_into_slice` took the
+/// slice back.
+struct SliceOwner<T>(Option<CudaSlice<T>>);
+
+impl<T> Drop for SliceOwner<T> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            // Without a driver no slice exists; a failing save still drops the slice.
+            let _restore = ContextGuard::save().ok();
+            drop(slice);
+        }
+    }
+}
+
+impl<T> SliceOwner<T> {
+    /// The slice (present until `try_into_slice` takes it, which consumes the owner).
+    fn slice(&self) -> &CudaSlice<T> {
+        self.0.as_ref().expect("a SliceOwner holds its slice until it is taken back")
+    }
+}
 
 /// Moves a slice into a 1-D tensor that owns it: zero-copy, read-write, dtype from `T`, device
 /// `cuda:<the slice's ordinal>`, [`Ready`] the slice's stream (after its pending writes and
@@ -503,7 +524,7 @@ fn own<T: CudaElement>(mut slice: CudaSlice<T>, layout: Layout) -> Result<Tensor
     // - the owner is the slice itself, so the memory stays allocated until the last clone of
     //   the owner is dropped; nothing else can reach the slice after this move;
     // - device memory: no host views (obligation 2 concerns host-accessible memory only).
-    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(SliceOwner(slice))) };
+    let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(SliceOwner(Some(slice)))) };
     // SAFETY:
     // - 1: `device_ptr_mut` made `stream` wait for the slice's pending cudarc reads and
     //   writes, and `ready` is `stream` itself or an event recorded on it since;
@@ -535,14 +556,17 @@ pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Te
     if Arc::strong_count(&typed) != 2 {
         return Err(tensor);
     }
-    if make_ready_on(&tensor, typed.0.stream()).is_err() {
+    if make_ready_on(&tensor, typed.slice().stream()).is_err() {
         return Err(tensor);
     }
     let desc = tensor.descriptor().clone();
     let ready = tensor.ready().clone();
     drop(tensor);
     match Arc::try_unwrap(typed) {
-        Ok(SliceOwner(mut slice)) => {
+        Ok(mut owner) => {
+            let Some(mut slice) = owner.0.take() else {
+                unreachable!("a SliceOwner holds its slice until it is taken back")
+            };
             // Records cudarc's write event after the wait above, for its own tracking.
             let stream = slice.stream().clone();
             let _ = DevicePtrMut::device_ptr_mut(&mut slice, &stream);

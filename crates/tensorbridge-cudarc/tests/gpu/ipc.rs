@@ -101,6 +101,20 @@ fn unhex(s: &str) -> Vec<u8> {
 struct Peer {
     child: Child,
     lines: Receiver<String>,
+    /// What the consumer printed besides `IPC` lines (its test harness, its stage marks):
+    /// shown when it fails to answer, so a hang says where the consumer stopped.
+    other: std::cell::RefCell<Vec<String>>,
+}
+
+impl Drop for Peer {
+    /// A consumer that did not finish (the producer failed or gave up on it) is killed, so a
+    /// failing test never leaves a process behind holding the GPU or waiting on its stdin.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Peer {
@@ -124,7 +138,11 @@ impl Peer {
                 }
             }
         });
-        let peer = Peer { child, lines };
+        let peer = Peer {
+            child,
+            lines,
+            other: std::cell::RefCell::default(),
+        };
         peer.expect("ready")?;
         Ok(peer)
     }
@@ -139,23 +157,28 @@ impl Peer {
 
     /// The value of the consumer's next `IPC <key> <value>` line.
     fn expect(&self, key: &str) -> Result<String> {
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .with_context(|| format!("the consumer printed no `IPC {key}` line"))?;
+            let line = self.lines.recv_timeout(left).with_context(|| {
+                format!(
+                    "the consumer printed no `IPC {key}` line; its other output: {:?}",
+                    self.other.borrow()
+                )
+            })?;
             if let Some(rest) = line.strip_prefix(&format!("IPC {key} ")) {
                 return Ok(rest.to_owned());
             }
             if line.starts_with("IPC ") {
                 bail!("expected `IPC {key}`, the consumer said `{line}`");
             }
+            self.other.borrow_mut().push(line);
         }
     }
 
     fn finish(mut self) -> Result<()> {
+        // Closes the consumer's stdin: it reads nothing more.
+        drop(self.child.stdin.take());
         let status = self.child.wait()?;
         ensure!(status.success(), "the consumer exited with {status}");
         Ok(())
@@ -206,12 +229,26 @@ fn receive() -> Result<Vec<u8>> {
 }
 
 fn consumer(role: &str, say: &dyn Fn(&str, &dyn std::fmt::Display)) -> Result<()> {
+    // Stage marks (not `IPC` lines): the producer shows them if this process stops answering.
+    let stage = |what: &str| {
+        println!("consumer stage: {what}");
+        let _ = std::io::stdout().flush();
+    };
+    stage("context");
     let ctx = context(0)?;
+    stage("kernels");
     let k = Kernels::load(&ctx)?;
+    stage("stream");
     let c = ctx.new_stream()?;
+    stage("allocation");
     let out = RawAlloc::new(&ctx, N * 4)?;
     say("ready", &1);
     let bytes = receive()?;
+    ensure!(
+        bytes.len() >= 131,
+        "the producer sent {} bytes, not a handle (its stdin closed early?)",
+        bytes.len()
+    );
     if role == "damaged" {
         let mut b = bytes;
         b[130] ^= 4;

@@ -118,11 +118,19 @@ def test_view_does_not_order_against_a_dead_external_stream(torch, cupy, spin, c
     reused, made = _stream_reusing(cupy, handle)
     if reused is None:
         pytest.skip(f"the driver did not hand out handle {handle:#x} again in {len(made)} new streams")
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(reused)
     busy = spin(reused)  # the unrelated stream, now busy for ~BUSY_MS
+    end.record(reused)
     waited, z = _consume_and_time(torch, v, before=reused if control else None)
-    still_busy = not reused.done
-    reused.synchronize()
-    print(f"control={control}: consumer finished after {waited * 1e3:.1f} ms, unrelated stream still busy: {still_busy}")
+    still_busy = not end.done
+    end.synchronize()
+    spun_ms = cupy.cuda.get_elapsed_time(start, end)
+    print(
+        f"control={control}: consumer finished after {waited * 1e3:.1f} ms, unrelated stream "
+        f"busy for {spun_ms:.1f} ms, still busy then: {still_busy}"
+    )
+    assert spun_ms > BUSY_MS / 2, f"the unrelated stream was busy only {spun_ms:.1f} ms: the measurement proves nothing"
     assert bool((z == 7).all()), "the consumer read the view before the producer's fill"
     if control:
         assert waited > BUSY_MS / 1e3 / 2, f"the control did not wait ({waited * 1e3:.1f} ms): the measurement proves nothing"
