@@ -140,7 +140,7 @@ def main():
             peer, target=1.0)
     a = np.arange(N, dtype=np.float32) + 0.5
     row("tb.asview(numpy array)", lambda: tb.asview(a),
-        "np.from_dlpack(numpy array)", lambda: np.from_dlpack(a), target=1.5)
+        "np.from_dlpack(numpy array)", lambda: np.from_dlpack(a), target=1.2)
 
     # 2. Out of tensorbridge: torch.from_dlpack on a view vs on a torch tensor (torch 2.11
     # calls __dlpack__ on both; it consumes no exchange table).

@@ -20,7 +20,7 @@ pin() {
 }
 aslr="on"; setarch -R true 2>/dev/null && aslr="off"
 echo "==> host: $(lscpu | sed -n 's/^Model name: *//p'), benches pinned to core $cpu, ASLR $aslr"
-for b in core dlpack cai tch cudarc; do
+for b in core dlpack cai ndarray candle tch cudarc; do
     [ -x "$here/benches/$b" ] || continue
     echo "==> bench $b"
     CRITERION_HOME="$out/criterion" pin "$here/benches/$b" --bench "$@"

@@ -77,12 +77,14 @@ impl Gil {
 }
 
 /// The exception in flight, taken out raw so it can be put back unchanged.
+#[cfg(not(Py_3_12))]
 struct Pending {
     ptype: *mut ffi::PyObject,
     pvalue: *mut ffi::PyObject,
     ptraceback: *mut ffi::PyObject,
 }
 
+#[cfg(not(Py_3_12))]
 impl Pending {
     /// Takes the exception in flight (all null when none), leaving none set.
     ///
@@ -112,6 +114,41 @@ impl Pending {
         // SAFETY: GIL held (obligation 1); the three references came from `PyErr_Fetch`
         // and are handed back (the call steals them).
         unsafe { ffi::PyErr_Restore(self.ptype, self.pvalue, self.ptraceback) };
+    }
+}
+
+/// An exception taken out of the interpreter's error indicator, to be put back: from 3.12
+/// the exception is one object (`PyErr_GetRaisedException`; `PyErr_Fetch` is deprecated).
+#[cfg(Py_3_12)]
+struct Pending {
+    exc: *mut ffi::PyObject,
+}
+
+#[cfg(Py_3_12)]
+impl Pending {
+    /// Takes the exception in flight (null when none), leaving none set.
+    ///
+    /// # Safety
+    /// 1. The calling thread holds the GIL.
+    unsafe fn fetch() -> Pending {
+        // SAFETY: GIL held (obligation 1). Raw, so a `PanicException` is moved, not resumed
+        // as a Rust panic.
+        let exc = unsafe { ffi::PyErr_GetRaisedException() };
+        Pending { exc }
+    }
+
+    /// Puts the fetched exception back (a no-op when there was none), replacing anything
+    /// set meanwhile (the work in between reports its own errors as unraisable).
+    ///
+    /// # Safety
+    /// 1. The calling thread holds the GIL.
+    unsafe fn restore(self) {
+        if self.exc.is_null() {
+            return;
+        }
+        // SAFETY: GIL held (obligation 1); the reference came from
+        // `PyErr_GetRaisedException` and is handed back (the call steals it).
+        unsafe { ffi::PyErr_SetRaisedException(self.exc) };
     }
 }
 
