@@ -114,7 +114,7 @@
 //!   (view, DLPack consumer, clone) is gone. An exception `release()` raises is reported as
 //!   unraisable (`sys.unraisablehook`).
 //! - **Exceptions in flight**: every destructor (owners, capsules) stashes the exception in
-//!   flight with the raw `PyErr_Fetch`/`PyErr_Restore` and puts it back unchanged: a
+//!   flight with the raw `PyErr_Fetch`/`PyErr_Restore` (`PyErr_GetRaisedException`/`PyErr_SetRaisedException` from 3.12) and puts it back unchanged: a
 //!   `PanicException` propagating past a dying capsule is never resumed as a Rust panic
 //!   inside the C callback (which would abort the process).
 //!

@@ -86,7 +86,8 @@ unsafe fn release_legacy(m: *mut DLManagedTensor) {
 /// The capsule destructor both kinds share: releases the tensor only if the capsule still
 /// has its fresh name (nobody consumed it), keeping any exception in flight.
 ///
-/// The exception is stashed with the raw `PyErr_Fetch` / `PyErr_Restore`, never through
+/// The exception is stashed with the raw `PyErr_Fetch` / `PyErr_Restore` (their one-object
+/// forms from 3.12), never through
 /// `PyErr::take`: a capsule often dies while an exception propagates (the frame that held it
 /// unwinds), and when that exception is pyo3's `PanicException`, `PyErr::take` would resume
 /// the panic inside this `extern "C"` callback and abort the process.

@@ -12,7 +12,7 @@
 //!
 //! Consumption is one critical section on the capsule (free-threaded builds run consumers in
 //! parallel; exactly one wins), and destructors keep the exception in flight with raw
-//! `PyErr_Fetch`/`PyErr_Restore`, so a `PanicException` propagating past a dying capsule is
+//! `PyErr_Fetch`/`PyErr_Restore` (their one-object forms from 3.12), so a `PanicException` propagating past a dying capsule is
 //! never resumed as a Rust panic inside the destructor (see `attach.rs`).
 
 use std::ffi::CStr;
