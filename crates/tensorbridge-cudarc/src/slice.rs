@@ -466,7 +466,9 @@ impl<T> Drop for SliceOwner<T> {
 impl<T> SliceOwner<T> {
     /// The slice (present until `try_into_slice` takes it, which consumes the owner).
     fn slice(&self) -> &CudaSlice<T> {
-        self.0.as_ref().expect("a SliceOwner holds its slice until it is taken back")
+        self.0
+            .as_ref()
+            .expect("a SliceOwner holds its slice until it is taken back")
     }
 }
 

@@ -23,46 +23,57 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 const SPIN_MS: u64 = 100;
 const N: usize = 1 << 16;
 
+// Spins on the GPU's global timer (nanoseconds, whatever the SM clock runs at), then writes.
 const SPIN: &str = r#"
-extern "C" __global__ void spin_fill(float* out, long long n, float value, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
+extern "C" __global__ void spin_fill(float* out, long long n, float value, unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         out[i] = value;
     }
 }"#;
 
-/// The spin kernel, loaded into `ctx`, and the number of GPU clock cycles in `SPIN_MS`.
-fn spin_kernel(ctx: &Arc<CudaContext>) -> Result<(CudaFunction, i64), Box<dyn std::error::Error>> {
-    let ptx = cudarc::nvrtc::compile_ptx(SPIN)?;
-    let module = ctx.load_module(ptx)?;
-    let f = module.load_function("spin_fill")?;
-    let khz = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as i64;
-    Ok((f, khz * SPIN_MS as i64))
-}
+/// The spin kernel, loaded once into a context and kept for the whole test: a module that
+/// is dropped right after a launch is unloaded, and `cuModuleUnload` waits for the kernel,
+/// which would block the host for the whole spin (the control then sees no race, and the
+/// ordered read proves nothing).
+struct Spin(CudaFunction);
 
-/// Enqueues the spin kernel on `stream`: `n` floats at `ptr` become `value` after ~SPIN_MS.
-fn spin_fill(stream: &Arc<CudaStream>, ptr: u64, n: usize, value: f32) -> TestResult {
-    let (f, cycles) = spin_kernel(stream.context())?;
-    let n = n as i64;
-    let cfg = LaunchConfig {
-        grid_dim: (64, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the kernel's signature is (float*, long long, float, long long); it writes the
-    // `n` floats at `ptr`, memory the caller keeps alive until `stream` has run it.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&ptr)
-            .arg(&n)
-            .arg(&value)
-            .arg(&cycles)
-            .launch(cfg)
-    }?;
-    Ok(())
+impl Spin {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Spin, Box<dyn std::error::Error>> {
+        let ptx = cudarc::nvrtc::compile_ptx(SPIN)?;
+        let module = ctx.load_module(ptx)?;
+        Ok(Spin(module.load_function("spin_fill")?))
+    }
+
+    /// Enqueues the spin kernel on `stream`: `n` floats at `ptr` become `value` after
+    /// SPIN_MS of GPU time.
+    fn fill(&self, stream: &Arc<CudaStream>, ptr: u64, n: usize, value: f32) -> TestResult {
+        let n = n as i64;
+        let ns = SPIN_MS * 1_000_000;
+        let cfg = LaunchConfig {
+            grid_dim: (64, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel's signature is (float*, long long, float, unsigned long long);
+        // it writes the `n` floats at `ptr`, memory the caller keeps alive until `stream` has
+        // run it.
+        unsafe {
+            stream
+                .launch_builder(&self.0)
+                .arg(&ptr)
+                .arg(&n)
+                .arg(&value)
+                .arg(&ns)
+                .launch(cfg)
+        }?;
+        Ok(())
+    }
 }
 
 /// The device address of a candle CUDA tensor's storage.
@@ -159,9 +170,10 @@ fn consumers_order_after_candle_busy_producer() -> TestResult {
         };
         let candle_stream = cuda.cuda_stream();
         let consumer = candle_stream.context().new_stream()?;
+        let spin = Spin::load(candle_stream.context())?;
 
         // Ordered: the consumer waits for the import's readiness.
-        spin_fill(&candle_stream, storage_ptr(&c), N, 42.0)?;
+        spin.fill(&candle_stream, storage_ptr(&c), N, 42.0)?;
         // SAFETY: nothing writes `c` in place from the host while `t` lives.
         let t = unsafe { tensorbridge_candle::import(&c) }?;
         let start = Instant::now();
@@ -178,7 +190,7 @@ fn consumers_order_after_candle_busy_producer() -> TestResult {
         );
 
         // Control: the same producer, read without ordering, sees values before the write.
-        spin_fill(&candle_stream, storage_ptr(&c), N, 7.0)?;
+        spin.fill(&candle_stream, storage_ptr(&c), N, 7.0)?;
         let stale = read_on(&consumer, t.data_ptr() as u64, N)?;
         assert!(
             stale.iter().any(|&v| v != 7.0),
@@ -200,11 +212,12 @@ fn foreign_memory_enters_candle_after_its_producer() -> TestResult {
     };
     let ctx = cuda.cuda_stream().context().clone();
     let producer = ctx.new_stream()?;
+    let spin = Spin::load(&ctx)?;
     for ordered in [true, false] {
         let buf = producer.alloc_zeros::<f32>(N)?;
         let (ptr, record) = buf.device_ptr(&producer);
         drop(record);
-        spin_fill(&producer, ptr, N, 3.0)?;
+        spin.fill(&producer, ptr, N, 3.0)?;
         let shape = [N as i64];
         let raw = RawTensor {
             access: Access::ReadWrite,

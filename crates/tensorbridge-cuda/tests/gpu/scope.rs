@@ -67,7 +67,11 @@ fn call_only_streams_are_forked_joined_and_never_lent() -> Result<()> {
         let y = ext.wrapper.clone_htod(&vec![-1.0f32; N])?;
         let z = ext.wrapper.clone_htod(&vec![-1.0f32; N])?;
         let (xp, yp, zp) = (dptr(&x), dptr(&y), dptr(&z));
-        let mut unordered = if forked { None } else { Some(ctx.new_stream()?) };
+        let mut unordered = if forked {
+            None
+        } else {
+            Some(ctx.new_stream()?)
+        };
         ext.wrapper.synchronize()?;
         // The caller's work on its stream: busy, then writes x.
         Affine::fill(xp, N, 2.0, 1.0)

@@ -120,6 +120,11 @@ class GpuFramework:
     name = "?"
     module = "?"
     writable = False
+    # Whether its consumer takes a read-only view (a JAX array's, a tensor that requires
+    # grad): it must ask for a versioned capsule (``max_version``), CAI or cuda.core's view,
+    # which say read-only; a legacy capsule cannot, and tensorbridge refuses one for a
+    # read-only view (as NumPy refuses its read-only arrays).
+    takes_read_only = True
 
     def available(self):
         try:
@@ -235,6 +240,8 @@ class CupyCaiGpu(CupyGpu):
 class JaxGpu(GpuFramework):
     name = "jax"
     module = "jax"
+    # jax.dlpack.from_dlpack (0.11) calls ``__dlpack__(stream=...)`` without max_version.
+    takes_read_only = False
 
     @staticmethod
     def device():
@@ -402,3 +409,17 @@ def cupy_spin_kernel(cupy, busy_ms):
         e.synchronize()
         ms.append(cupy.cuda.get_elapsed_time(s, e))
     return k, int(20_000_000 / min(ms) * busy_ms)
+
+
+def refused_read_only(consumer, view):
+    """When ``consumer`` cannot take the read-only ``view`` (see ``takes_read_only``), asserts
+    tensorbridge's refusal (``BufferError`` naming the reason and the way out) and returns
+    True; otherwise returns False and the caller consumes the view."""
+    import pytest
+
+    if not view.readonly or consumer.takes_read_only:
+        return False
+    with pytest.raises(BufferError, match=r"read-only but a legacy DLPack capsule .*max_version"):
+        consumer.consume(view)
+    return True
+

@@ -91,7 +91,10 @@ def make(producer, values):
         torch = pytest.importorskip("torch")
 
         def write(i, x):
-            torch.from_dlpack(v).view(-1)[i] = x
+            # A view of its own, kept alive by `raw` (no release): `v` itself must not be
+            # held here, or dropping the test's reference would not release the memory.
+            w = tb.from_ptr(raw.ptr, values.shape, "float32", device="cuda:0", owner=raw)
+            torch.from_dlpack(w).view(-1)[i] = x
             torch.cuda.synchronize()
 
         def read():

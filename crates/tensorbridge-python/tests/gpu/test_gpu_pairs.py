@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import tensorbridge as tb
-from gpu_frameworks import BY_NAME, CONSUMERS, PRODUCERS, cudart, device_values, np_dtype, writer
+from gpu_frameworks import (BY_NAME, CONSUMERS, PRODUCERS, cudart, device_values, np_dtype,
+                            refused_read_only, writer)
 
 P_IDS = [p.name for p in PRODUCERS]
 C_IDS = [c.name for c in CONSUMERS]
@@ -49,6 +50,10 @@ def test_pair_zero_copy(producer, consumer, record):
     assert v.device == "cuda:0"
     assert v.ptr == p.ptr(x)
     expected = values.view(np_dtype(v.dtype))  # cuda.core's Buffer exports bytes
+    if refused_read_only(c, v):
+        record(producer=producer, via="asview", consumer=consumer, dtype=v.dtype,
+               ptr_equal=None, write_visible=None, note="refused: read-only into a legacy capsule")  # fmt: skip
+        return
     y = c.consume(v)
     assert c.ptr(y) == p.ptr(x), f"{producer} -> {consumer} is not zero-copy"
     np.testing.assert_array_equal(c.read(y).reshape(-1), expected.reshape(-1))
@@ -191,6 +196,8 @@ def test_dtype_pair(producer, consumer, dtype):
             c.consume(v)
         gc.collect()
         assert v.ptr == p.ptr(x)
+        return
+    if refused_read_only(c, v):
         return
     y = c.consume(v)
     assert c.ptr(y) == p.ptr(x)

@@ -50,7 +50,6 @@ def test_broadcast_cuda_view_to_host_is_refused():
 
 
 CUDA_REFUSALS = {
-    "requires_grad": lambda torch: torch.ones(3, device="cuda", requires_grad=True),
     "sparse_coo": lambda torch: torch.eye(3, device="cuda").to_sparse(),
     "conj": lambda torch: torch.ones(3, dtype=torch.complex64, device="cuda").conj(),
 }
@@ -58,8 +57,8 @@ CUDA_REFUSALS = {
 
 @pytest.mark.parametrize("case", sorted(CUDA_REFUSALS))
 def test_torch_cuda_refusals_are_torchs_own(case):
-    """Before the fix: requires_grad went on to ``__cuda_array_interface__`` (RuntimeError),
-    sparse tensors failed in the C exchange API (RuntimeError with C++ frames)."""
+    """Before the fix: sparse tensors failed in the C exchange API (RuntimeError with C++
+    frames). A tensor that requires grad is no longer refused: see the test below."""
     torch = pytest.importorskip("torch")
     t = CUDA_REFUSALS[case](torch)
     with pytest.raises(Exception) as theirs:
@@ -69,3 +68,24 @@ def test_torch_cuda_refusals_are_torchs_own(case):
     assert type(ours.value) is type(theirs.value), (repr(ours.value), repr(theirs.value))
     assert str(ours.value) == str(theirs.value)
     assert "frame #" not in str(ours.value)
+
+
+@pytest.mark.parametrize("kind", ["parameter", "leaf"])
+def test_cuda_tensor_requiring_grad_is_a_read_only_view(kind):
+    """torch refuses to export a CUDA tensor that requires grad (it once went on to
+    ``__cuda_array_interface__`` and failed there); tensorbridge reads it, as C++ extensions
+    and tvm-ffi read ``nn.Parameter`` inputs, through a read-only view: zero-copy, and no
+    consumer can write into it (a write would bypass autograd)."""
+    torch = pytest.importorskip("torch")
+    base = torch.arange(6, dtype=torch.float32, device="cuda")
+    t = torch.nn.Parameter(base) if kind == "parameter" else base.clone().requires_grad_(True)
+    with pytest.raises(Exception):
+        t.__dlpack__(max_version=(1, 3))
+    v = tb.asview(t)
+    assert v.readonly and v.ptr == t.data_ptr() and v.device == "cuda:0"
+    assert v.__cuda_array_interface__["data"] == (t.data_ptr(), True)
+    with pytest.raises(BufferError, match="read-only"):
+        v.__dlpack__()  # a legacy capsule cannot say read-only
+    r = torch.from_dlpack(v)
+    assert r.data_ptr() == t.data_ptr()
+    assert r.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
