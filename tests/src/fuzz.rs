@@ -307,13 +307,13 @@ fn byte_strides(b: &mut Bytes<'_>, ndim: usize, itemsize: i64) -> Vec<i64> {
 }
 
 /// Target `array_interface`: what the Python layer's dict parsing hands the CAI adapter.
-/// A typestr, a shape, byte strides, a `descr` nested up to [`DESCR_DEPTH`] levels, an
+/// A typestr, a shape, byte strides, a `descr` nested up to `DESCR_DEPTH` levels, an
 /// `offset`, and `data` as a buffer region (the form a buffer-protocol exporter's memory
 /// takes, readonly or not) or a pointer, through `ArrayInterface::import`, and the same
 /// layout and `descr` through `CudaArrayInterface::import`. What is accepted:
-/// - lies inside the buffer region, every byte (the [span] invariant the Python layer
+/// - lies inside the buffer region, every byte (the \[span\] invariant the Python layer
 ///   relies on once it passes the exporter's real extent);
-/// - is read-only when the buffer or pointer says so ([access]);
+/// - is read-only when the buffer or pointer says so (\[access\]);
 /// - had no `descr`, or exactly the typestr's default `[('', typestr)]`.
 ///
 /// Every refusal's message formats (a nested `descr` is printed in it).
