@@ -439,6 +439,10 @@ fn handoff_cost_per_call() -> Result<()> {
 
 /// 1e5 hand-offs of every kind leave device memory where it was: the pooled events, the
 /// owners kept alive for pending work and the views' guards are all given back.
+///
+/// The driver reports the device's free memory, all processes together: run it with the GPU
+/// to itself (`run.sh` runs the binaries one after another, the Python suite after them).
+/// Another process allocating meanwhile shows here as a move in 2 MiB pages.
 #[test]
 fn handoffs_return_device_memory_to_baseline() -> Result<()> {
     let _serial = serial();
