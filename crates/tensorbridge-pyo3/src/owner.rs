@@ -135,6 +135,10 @@ impl Release {
 /// later collection, once the other users are gone. Unknown owner types end it too (a
 /// DLPack producer's deleter is opaque). Reads only Rust fields: no interpreter access.
 ///
+/// Only references the view merely drops are visited, never one it calls when it goes (a
+/// `from_ptr` release callback): the collector may clear a visited object before the view is
+/// freed, and calling a cleared function crashes.
+///
 /// One clone can happen during a collection: through `Py<View>::get()` (a frozen class)
 /// on a thread that does not hold the GIL. That thread's `Py<View>` makes the view
 /// reachable, and a producer the first pass visited but the second no longer does may be
@@ -154,7 +158,13 @@ pub(crate) fn visit_owner(owner: &Owner, visit: &PyVisit<'_>) -> Result<(), PyTr
             visit.call(&keep.pinned)?;
             next = keep.inner.as_ref();
         } else if let Some(release) = any.downcast_ref::<Release>() {
-            visit.call(&release.callback)?;
+            // Not the callback: it is CALLED when the owner goes, and the collector may clear
+            // (`tp_clear`) anything a traversal reports before the view holding it is freed;
+            // a cleared function called afterwards crashes the interpreter (its globals and
+            // closure are gone). Unreported, the callback counts as referenced from outside
+            // the garbage, so it and what it refers to are never cleared under the view. The
+            // cost: a cycle that runs through the callback itself (a bound method of the
+            // view's owner) is not collected; one through the owner still is.
             visit.call(&release.owner)?;
         } else if let Some(held) = any.downcast_ref::<HeldBuffer>() {
             let exporter = &held.view().obj;

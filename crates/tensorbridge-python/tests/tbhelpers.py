@@ -529,6 +529,16 @@ def jax_before(version: tuple[int, ...]) -> bool:
 # is refused to it (BufferError), and nothing can be written through its imports.
 NUMPY_DLPACK_VERSIONED = at_least("numpy", (2, 1))
 
+def np_take(v):
+    """NumPy's zero-copy import of ``v``: ``np.from_dlpack`` where NumPy speaks DLPack 1.x
+    (2.1+). NumPy 2.0 and older ask for a legacy capsule, which a read-only view refuses, and
+    make every such array read-only; there the array interface (``np.asarray``), which carries
+    read-only both ways, stands in."""
+    import numpy as np
+
+    return np.from_dlpack(v) if NUMPY_DLPACK_VERSIONED else np.asarray(v)
+
+
 # NumPy 2.0 made ``np.bool_`` an alias of ``np.bool``, whose ``__name__`` is "bool"; in NumPy
 # 1.x it is "bool_".
 NUMPY_1 = not at_least("numpy", (2,))

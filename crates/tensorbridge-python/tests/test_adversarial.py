@@ -721,9 +721,12 @@ def _exchange_value(spec, keep):
         name = b"dlpack_exchange_api" if spec == "counting_capsule" else b"dltensor"
         return new(address, name, None), None  # a capsule is trusted: calls allowed
     if spec == "torch_capsule":
-        import torch
-
-        return torch.Tensor.__dlpack_c_exchange_api__, None
+        try:
+            import torch
+        except ImportError:  # an environment without PyTorch: the view's own capsule stands in
+            spec = "view_capsule"
+        else:
+            return torch.Tensor.__dlpack_c_exchange_api__, None
     if spec == "view_capsule":
         import tensorbridge as tb
 

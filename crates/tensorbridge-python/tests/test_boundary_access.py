@@ -17,7 +17,7 @@ handed over bare names no producer and is read-only, as ``np.from_dlpack`` takes
 import numpy as np
 import pytest
 
-from tbhelpers import HandMadeCapsule, aligned_numpy
+from tbhelpers import HandMadeCapsule, aligned_numpy, np_take
 
 
 def assert_read_only(tb, x, values_of, what):
@@ -26,8 +26,8 @@ def assert_read_only(tb, x, values_of, what):
     before = np.array(values_of(), copy=True)
     v = tb.asview(x)
     assert v.readonly, f"{what} came out writable: {v!r}"
-    n = np.from_dlpack(v)
-    assert not n.flags.writeable, f"np.from_dlpack of the view of {what} is writable"
+    n = np_take(v)
+    assert not n.flags.writeable, f"NumPy's import of the view of {what} is writable"
     with pytest.raises(ValueError):
         n.reshape(-1)[0] = 42
     assert np.array_equal(values_of(), before)
@@ -37,7 +37,7 @@ def assert_writable_and_shared(tb, x, ptr, values_of, what):
     v = tb.asview(x)
     assert not v.readonly, f"{what} came out read-only: {v!r}"
     assert v.ptr == ptr
-    n = np.from_dlpack(v)
+    n = np_take(v)
     n.reshape(-1)[0] = 42
     assert values_of().reshape(-1)[0] == 42, f"a write through the view of {what} was not seen"
 

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from adversary import TYPED_ERRORS, Guarded, assert_inside, read_all, run_case
+from tbhelpers import np_take
 
 # --- a subclass that gains __dlpack__ later ---------------------------------------------------
 
@@ -148,7 +149,7 @@ def test_read_only_view_through_tvm_ffi_and_back_with_asview(tb):
     back = tb.asview(t)
     assert back.ptr == v.ptr
     assert back.readonly, f"a read-only view came back writable through tvm-ffi: {back!r}"
-    assert not np.from_dlpack(back).flags.writeable
+    assert not np_take(back).flags.writeable
 
 
 def test_read_only_view_through_tvm_ffi_and_back_through_the_exchange_table(tb):
@@ -160,7 +161,7 @@ def test_read_only_view_through_tvm_ffi_and_back_through_the_exchange_table(tb):
     r = echo(v)
     assert type(r) is tb.View and r.ptr == v.ptr
     assert r.readonly, f"a read-only view came back writable from a tvm-ffi function: {r!r}"
-    n = np.from_dlpack(r)
+    n = np_take(r)
     assert not n.flags.writeable
     assert bytes(np.asarray(r)) == data
 
@@ -173,7 +174,7 @@ def test_writable_view_through_tvm_ffi_stays_writable(tb):
     assert not tb.asview(tvm_ffi.from_dlpack(v)).readonly
     r = tvm_ffi.get_global_func("testing.echo")(v)
     assert not r.readonly
-    np.from_dlpack(r)[0] = 99
+    np_take(r)[0] = 99
     assert ba[0] == 99
 
 
@@ -191,7 +192,7 @@ def test_tensor_requiring_grad_is_a_read_only_view(tb, kind):
     v = tb.asview(t)
     assert v.ptr == t.data_ptr() and v.shape == (6,) and v.dtype_name == "float32"
     assert v.readonly, f"a tensor that requires grad came out writable: {v!r}"
-    n = np.from_dlpack(v)
+    n = np_take(v)
     assert not n.flags.writeable
     with pytest.raises(ValueError):
         n[0] = 42

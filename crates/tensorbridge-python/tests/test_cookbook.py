@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tbhelpers import needs_numpy_dlpack_1
+from tbhelpers import NUMPY_DLPACK_VERSIONED, needs_numpy_dlpack_1
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 if EXAMPLES not in sys.path:
@@ -144,7 +144,11 @@ def test_demo_host_table():
     # legacy capsule, which cannot say so, is refused rather than handed writable memory.
     for r in rows:
         if r.get("refused"):
-            assert r["producer"] in ("jax", "tensorflow"), r
+            # NumPy before 2.1 asks for legacy capsules too, and the demo's NumPy producer (a
+            # DLPack import of the shared buffer) is read-only there.
+            assert r["producer"] in ("jax", "tensorflow") or (
+                "numpy" in (r["producer"], r["consumer"]) and not NUMPY_DLPACK_VERSIONED
+            ), r
     assert "released 1 time(s)" in text
 
 

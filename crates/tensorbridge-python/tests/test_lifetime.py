@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 import pytest
 
-from tbhelpers import aligned_numpy, run_isolated
+from tbhelpers import NUMPY_DLPACK_VERSIONED, aligned_numpy, np_take, run_isolated
 
 
 class TrackedArray(np.ndarray):
@@ -61,7 +61,7 @@ PRODUCERS = producers()
 
 
 def consumers():
-    out = {"view-only": None, "numpy": np.from_dlpack, "view-of-view": None}
+    out = {"view-only": None, "numpy": np_take, "view-of-view": None}
     try:
         import torch
 
@@ -92,11 +92,11 @@ def test_producer_lives_exactly_as_long_as_its_users(tb, producer, consumer):
         del v
         gc.collect()
         assert not dead, f"producer released while a {consumer} consumer lives"
-        values = np.from_dlpack(user) if consumer == "view-of-view" else np.asarray(user)
+        values = np_take(user) if consumer == "view-of-view" else np.asarray(user)
         np.testing.assert_array_equal(values, np.arange(16))
         del user, values
     else:
-        np.testing.assert_array_equal(np.from_dlpack(v), np.arange(16))
+        np.testing.assert_array_equal(np_take(v), np.arange(16))
         del v
     gc.collect()
     assert dead == [True], "producer not released after the last user died"
@@ -107,7 +107,7 @@ def test_many_views_and_exports_of_one_producer(tb):
     dead = []
     weakref.finalize(x, dead.append, 1)
     views = [tb.asview(x) for _ in range(4)]
-    exports = [np.from_dlpack(v) for v in views for _ in range(2)]
+    exports = [np_take(v) for v in views for _ in range(2)]
     del x
     for i in range(len(views)):
         views.pop()
@@ -124,7 +124,7 @@ def test_consumers_die_on_other_threads(tb):
     dead = []
     weakref.finalize(x, dead.append, 1)
     v = tb.asview(x)
-    holders = [[np.from_dlpack(v)] for _ in range(8)]
+    holders = [[np_take(v)] for _ in range(8)]
     try:
         import torch
 
@@ -159,7 +159,7 @@ def test_concurrent_conversions(tb):
     def work():
         try:
             for _ in range(2000):
-                y = np.from_dlpack(tb.asview(x))
+                y = np_take(tb.asview(x))
                 assert y.ctypes.data == x.ctypes.data
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -186,7 +186,7 @@ def test_view_in_a_reference_cycle_is_collected(tb):
     n = Node()
     n.self = n
     n.view = tb.asview(x)
-    n.export = np.from_dlpack(n.view)
+    n.export = np_take(n.view)
     del x, n
     gc.collect()
     assert dead == [1]
@@ -276,7 +276,7 @@ def test_views_in_a_cycle_keep_their_memory_while_reachable(tb):
     w = PtrWrapper(tb, released)
     ref = weakref.ref(w)
     v = w.view
-    e = np.from_dlpack(w.view)
+    e = np_take(w.view)
     del w
     for _ in range(3):
         gc.collect()
@@ -290,3 +290,62 @@ def test_views_in_a_cycle_keep_their_memory_while_reachable(tb):
     del e
     gc.collect()
     assert ref() is None and released == [1]
+
+
+@pytest.mark.parametrize("consumer", ["asarray", "from_dlpack"])
+@pytest.mark.parametrize("callback", ["lambda", "closure_list", "function"])
+def test_release_callback_is_never_cleared_before_it_runs(callback, consumer):
+    """A cycle ``wrapper -> from_ptr view -> owner=wrapper`` whose view a NumPy array keeps
+    past several collections, then collected: the release callback runs once, intact. Before
+    the fix the view's traversal reported the callback, the collector cleared that function
+    (its closure and globals) before the view was freed, and the view then called it: a
+    segfault (found with ``np.asarray``, i.e. the array interface, where the array holds the
+    view itself). Run in a child interpreter, so a crash is a failure, not a lost run."""
+    take = "np.asarray(w.view)" if consumer == "asarray" else "np.from_dlpack(w.view)"
+    if consumer == "from_dlpack" and not NUMPY_DLPACK_VERSIONED:
+        take = "np.asarray(w.view)"
+    r = run_isolated(
+        f"""
+        import gc, weakref
+        import numpy as np
+        import tensorbridge as tb
+
+        released = []
+
+        def plain():
+            released.append(1)
+
+        def make_callback():
+            kind = {callback!r}
+            if kind == "lambda":
+                return lambda: released.append(1)
+            if kind == "closure_list":
+                box = [released]
+                return lambda: box[0].append(1)
+            return plain
+
+        class PtrWrapper:
+            def __init__(self):
+                self.buf = np.arange(4, dtype=np.float32)
+                self.view = tb.from_ptr(self.buf.ctypes.data, (4,), "float32", device="cpu",
+                                        owner=self, release=make_callback())
+
+        w = PtrWrapper()
+        ref = weakref.ref(w)
+        v = w.view
+        e = {take}
+        del w
+        for _ in range(3):
+            gc.collect()
+        del v
+        gc.collect()
+        assert released == [] and e.tolist() == [0.0, 1.0, 2.0, 3.0]
+        del e
+        gc.collect()
+        assert ref() is None, "the cycle was not collected"
+        assert released == [1], released
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "ok"
