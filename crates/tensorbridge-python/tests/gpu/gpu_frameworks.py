@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+from tbhelpers import JAX_DLPACK_VERSIONED
+
 # ---------------------------------------------------------------------------------------------
 # raw device memory
 
@@ -240,8 +242,9 @@ class CupyCaiGpu(CupyGpu):
 class JaxGpu(GpuFramework):
     name = "jax"
     module = "jax"
-    # jax.dlpack.from_dlpack (0.11) calls ``__dlpack__(stream=...)`` without max_version.
-    takes_read_only = False
+    # jax.dlpack.from_dlpack calls ``__dlpack__(stream=...)`` without max_version before 0.12
+    # (the GPU machine's 0.11.2), with ``max_version=(1, 3)`` from 0.12 (tbhelpers).
+    takes_read_only = JAX_DLPACK_VERSIONED
 
     @staticmethod
     def device():
