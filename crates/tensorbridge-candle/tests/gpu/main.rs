@@ -4,76 +4,28 @@
 //! round trip back, and foreign CUDA memory into candle (`export_leaked`) ordered after a
 //! busy producer on another stream, with its owner never released.
 //!
-//! Fails, rather than skips, without a GPU. The busy producer is a kernel that spins for
-//! `SPIN_MS` on the GPU clock and then writes its value, compiled with NVRTC (candle's
-//! cudarc, the CUDA toolkit's libnvrtc).
+//! Fails, rather than skips, without a GPU. The busy producer is the testkit's (the one the
+//! CUDA layer's, cudarc's and tch's GPU suites use): a kernel that spins for `SPIN_MS` on the
+//! GPU's global timer and then writes its value, compiled with NVRTC (the CUDA toolkit's
+//! libnvrtc).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType as D, Device as CandleDevice, Storage, Tensor as Candle};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result, sys,
-};
+use cudarc::driver::{CudaStream, DevicePtr, result, sys};
 use tensorbridge::{Access, DType, Device, RawTensor, Ready, Stream, StreamHandle, Tensor};
 use tensorbridge_testkit::DropCounter;
+use tensorbridge_testkit::gpu::{Affine, Kernels};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SPIN_MS: u64 = 100;
 const N: usize = 1 << 16;
 
-// Spins on the GPU's global timer (nanoseconds, whatever the SM clock runs at), then writes.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_fill(float* out, long long n, float value, unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = value;
-    }
-}"#;
-
-/// The spin kernel, loaded once into a context and kept for the whole test: a module that
-/// is dropped right after a launch is unloaded, and `cuModuleUnload` waits for the kernel,
-/// which would block the host for the whole spin (the control then sees no race, and the
-/// ordered read proves nothing).
-struct Spin(CudaFunction);
-
-impl Spin {
-    fn load(ctx: &Arc<CudaContext>) -> Result<Spin, Box<dyn std::error::Error>> {
-        let ptx = cudarc::nvrtc::compile_ptx(SPIN)?;
-        let module = ctx.load_module(ptx)?;
-        Ok(Spin(module.load_function("spin_fill")?))
-    }
-
-    /// Enqueues the spin kernel on `stream`: `n` floats at `ptr` become `value` after
-    /// SPIN_MS of GPU time.
-    fn fill(&self, stream: &Arc<CudaStream>, ptr: u64, n: usize, value: f32) -> TestResult {
-        let n = n as i64;
-        let ns = SPIN_MS * 1_000_000;
-        let cfg = LaunchConfig {
-            grid_dim: (64, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the kernel's signature is (float*, long long, float, unsigned long long);
-        // it writes the `n` floats at `ptr`, memory the caller keeps alive until `stream` has
-        // run it.
-        unsafe {
-            stream
-                .launch_builder(&self.0)
-                .arg(&ptr)
-                .arg(&n)
-                .arg(&value)
-                .arg(&ns)
-                .launch(cfg)
-        }?;
-        Ok(())
-    }
+/// The testkit's busy producer: `N` floats at `ptr` become `value` after `SPIN_MS` of GPU time
+/// (it spins on the global timer, whatever the SM clock runs at).
+fn busy_fill(ptr: u64, value: f32) -> Affine {
+    Affine::fill(ptr, N, 0.0, value).after(SPIN_MS * 1_000_000)
 }
 
 /// The device address of a candle CUDA tensor's storage.
@@ -170,10 +122,13 @@ fn consumers_order_after_candle_busy_producer() -> TestResult {
         };
         let candle_stream = cuda.cuda_stream();
         let consumer = candle_stream.context().new_stream()?;
-        let spin = Spin::load(candle_stream.context())?;
+        // Loaded once and kept for the test: a module dropped right after a launch is unloaded,
+        // and `cuModuleUnload` waits for the kernel, which would block the host for the whole
+        // spin (the control would then see no race, and the ordered read prove nothing).
+        let k = Kernels::load(candle_stream.context())?;
 
         // Ordered: the consumer waits for the import's readiness.
-        spin.fill(&candle_stream, storage_ptr(&c), N, 42.0)?;
+        busy_fill(storage_ptr(&c), 42.0).launch(&k, &candle_stream)?;
         // SAFETY: nothing writes `c` in place from the host while `t` lives.
         let t = unsafe { tensorbridge_candle::import(&c) }?;
         let start = Instant::now();
@@ -190,7 +145,7 @@ fn consumers_order_after_candle_busy_producer() -> TestResult {
         );
 
         // Control: the same producer, read without ordering, sees values before the write.
-        spin.fill(&candle_stream, storage_ptr(&c), N, 7.0)?;
+        busy_fill(storage_ptr(&c), 7.0).launch(&k, &candle_stream)?;
         let stale = read_on(&consumer, t.data_ptr() as u64, N)?;
         assert!(
             stale.iter().any(|&v| v != 7.0),
@@ -212,12 +167,12 @@ fn foreign_memory_enters_candle_after_its_producer() -> TestResult {
     };
     let ctx = cuda.cuda_stream().context().clone();
     let producer = ctx.new_stream()?;
-    let spin = Spin::load(&ctx)?;
+    let k = Kernels::load(&ctx)?;
     for ordered in [true, false] {
         let buf = producer.alloc_zeros::<f32>(N)?;
         let (ptr, record) = buf.device_ptr(&producer);
         drop(record);
-        spin.fill(&producer, ptr, N, 3.0)?;
+        busy_fill(ptr, 3.0).launch(&k, &producer)?;
         let shape = [N as i64];
         let raw = RawTensor {
             access: Access::ReadWrite,
