@@ -3,10 +3,10 @@
 //!
 //! tch's `torch-sys` declares `links = "tch"`, so one build holds one tch version, and each
 //! torch-sys release checks for one PyTorch release. For each end of the range this step:
-//! 1. makes (or reuses) a Python environment with that PyTorch, from PyPI:
-//!    `target/tch-range/torch-<version>/`, with a stamp written only after a successful
-//!    install, so a missing or half-made cache is rebuilt, never assumed; the managed
-//!    environment is used instead when it already has that torch; the end `Cargo.lock`
+//! 1. takes the managed environment when it has that PyTorch, else the managed environment
+//!    whose requirements file pins it (`python/requirements-tch-newest.txt`), built in the
+//!    environment cache like the others ([`crate::venv`]: a missing or half-made one is
+//!    rebuilt, never assumed, and a CI run reuses it); the end `Cargo.lock`
 //!    already holds, with the managed environment's torch (the oldest, today), is the one
 //!    `ci`'s `test` step has just tested, and is not run twice;
 //! 2. pins tch and torch-sys to that release in `Cargo.lock` (`cargo update --precise`),
@@ -22,15 +22,12 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::venv::Venv;
+use crate::venv::{self, Spec, Venv};
 use crate::{Steps, cargo, root};
 
 /// (tch release, the PyTorch release its torch-sys expects), oldest first. The ends of the
 /// range in `crates/tensorbridge-tch/Cargo.toml`'s `tch` requirement.
 pub(crate) const ENDS: &[(&str, &str)] = &[("0.24.0", "2.11.0"), ("0.26.0", "2.13.0")];
-
-/// Written into a dedicated environment after its torch installed: the torch version.
-const STAMP: &str = ".tensorbridge-torch";
 
 /// Builds and tests tensorbridge-tch against every end of the range.
 pub(crate) fn run(steps: &mut Steps, managed: &Venv) -> Result<()> {
@@ -45,7 +42,7 @@ pub(crate) fn run(steps: &mut Steps, managed: &Venv) -> Result<()> {
             );
             continue;
         }
-        let libtorch = torch_for(steps, managed, torch)?;
+        let (_env, libtorch) = torch_for(steps, managed, torch)?;
         let target = root()
             .join("target")
             .join("tch-range")
@@ -84,50 +81,48 @@ fn locked_tch() -> Result<String> {
     bail!("no tch in Cargo.lock")
 }
 
-/// The torch directory (`LIBTORCH`) of an environment with PyTorch `version`: the managed
-/// one when it has that version, else a dedicated one under `target/tch-range`.
-fn torch_for(steps: &mut Steps, managed: &Venv, version: &str) -> Result<PathBuf> {
+/// The environments that hold a torch for an end of the range other than the managed one's:
+/// managed environments like the others ([`crate::venv`]), cached outside the checkout and
+/// built only when missing (torch's CUDA wheels are about 7 GB unpacked).
+const TORCH_ENVS: &[&Spec] = &[&venv::TCH_NEWEST];
+
+/// The environment with PyTorch `version` and its torch directory (`LIBTORCH`): the managed
+/// one when it has that version, else the one of [`TORCH_ENVS`] whose requirements pin it.
+/// The environment is returned so that it stays held (in use) while the tests run.
+fn torch_for(steps: &mut Steps, managed: &Venv, version: &str) -> Result<(Venv, PathBuf)> {
     if torch_version(&managed.python())?.as_deref() == Some(version) {
-        return managed.torch_dir();
+        return Ok((managed.clone(), managed.torch_dir()?));
     }
-    let dir = root()
-        .join("target")
-        .join("tch-range")
-        .join(format!("torch-{version}"));
-    let python = dir.join("bin").join("python");
-    let stamp = dir.join(STAMP);
-    let ready = fs::read_to_string(&stamp).ok().as_deref() == Some(version)
-        && torch_version(&python)?.as_deref() == Some(version);
-    if !ready {
-        if dir.exists() {
-            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        }
-        steps.cmd(
-            &format!("tch range: environment for torch {version}"),
-            Command::new(managed.python())
-                .args(["-m", "venv"])
-                .arg(&dir),
-        )?;
-        steps.cmd(
-            &format!("tch range: pip install torch=={version}"),
-            Command::new(&python).args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                &format!("torch=={version}"),
-            ]),
-        )?;
-        fs::write(&stamp, version).with_context(|| format!("writing {}", stamp.display()))?;
-    }
-    let torch = site_packages(&python)?.join("torch");
-    if !torch.join("lib").is_dir() {
+    let Some(spec) = spec_pinning(version)? else {
         bail!(
-            "{} has no lib directory after installing torch {version}",
-            torch.display()
+            "no environment pins torch=={version}: add it to a requirements file of \
+             `TORCH_ENVS` in xtask/src/tch_range.rs"
+        );
+    };
+    let env = venv::ensure_spec(steps, spec)?;
+    let found = torch_version(&env.python())?;
+    if found.as_deref() != Some(version) {
+        bail!(
+            "{} holds torch {found:?}, not {version}",
+            env.dir().display()
         );
     }
-    Ok(torch)
+    let torch = env.torch_dir()?;
+    Ok((env, torch))
+}
+
+/// The environment of [`TORCH_ENVS`] whose requirements file pins `torch=={version}`.
+fn spec_pinning(version: &str) -> Result<Option<&'static Spec>> {
+    let pin = format!("torch=={version}");
+    for &spec in TORCH_ENVS {
+        let path = root().join(spec.requirements);
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        if text.lines().any(|l| l.trim() == pin) {
+            return Ok(Some(spec));
+        }
+    }
+    Ok(None)
 }
 
 /// The torch version an interpreter imports (without the local `+cu130` part), or `None`
@@ -147,20 +142,6 @@ fn torch_version(python: &Path) -> Result<Option<String>> {
         .status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned()))
-}
-
-fn site_packages(python: &Path) -> Result<PathBuf> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ])
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    if !out.status.success() {
-        bail!("{} could not report its site-packages", python.display());
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// `Cargo.lock` as it was, written back by [`LockRestore::restore`] or, on an early return
@@ -191,5 +172,27 @@ impl Drop for LockRestore {
         if let Some(saved) = self.saved.take() {
             let _ = fs::write(&self.path, saved);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each end of the range finds its torch: the pinned environment's, or a requirements
+    /// file of [`TORCH_ENVS`] that pins exactly the version torch-sys expects.
+    #[test]
+    fn every_end_has_an_environment() {
+        let pinned = fs::read_to_string(root().join(venv::PINNED.requirements)).unwrap();
+        for &(tch, torch) in ENDS {
+            let in_pinned = pinned
+                .lines()
+                .any(|l| l.trim() == format!("torch=={torch}"));
+            assert!(
+                in_pinned || spec_pinning(torch).unwrap().is_some(),
+                "tch {tch}: no environment pins torch=={torch}"
+            );
+        }
+        assert!(spec_pinning("0.0.0").unwrap().is_none());
     }
 }

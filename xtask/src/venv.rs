@@ -87,6 +87,14 @@ pub(crate) const FREE_THREADED: Spec = Spec {
     python: None,
 };
 
+/// The PyTorch that the newest end of tensorbridge-tch's tch range links (tch 0.26 expects
+/// torch 2.13): libtorch only, no pytest suite ([`crate::tch_range`]).
+pub(crate) const TCH_NEWEST: Spec = Spec {
+    name: "tch-newest",
+    requirements: "python/requirements-tch-newest.txt",
+    python: None,
+};
+
 /// Written into the environment after a successful install: the requirements it satisfies.
 /// Its modification time is the environment's last use (what pruning keeps the newest of).
 const STAMP: &str = ".tensorbridge-requirements";
@@ -356,6 +364,9 @@ fn install(
                 "install",
                 "--disable-pip-version-check",
                 "--no-input",
+                // The environment is the cache: a second copy of torch's CUDA wheels in pip's
+                // own cache costs gigabytes (CI once ran out of disk on it).
+                "--no-cache-dir",
                 "-r",
             ])
             .arg(root().join(spec.requirements)),
@@ -541,7 +552,7 @@ mod tests {
         files.sort();
         let mut declared: Vec<String> = ENVS
             .iter()
-            .chain([&&FREE_THREADED])
+            .chain([&&FREE_THREADED, &&TCH_NEWEST])
             .map(|s| s.requirements.to_owned())
             .collect();
         declared.sort();
@@ -555,6 +566,9 @@ mod tests {
                     spec.requirements
                 );
             }
+        }
+        for spec in ENVS.iter().chain([&&FREE_THREADED, &&TCH_NEWEST]) {
+            let text = fs::read_to_string(root().join(spec.requirements)).unwrap();
             // Exact pins only: the cache key is the file, so a range would hide a new release.
             for line in text.lines().map(str::trim) {
                 if !line.is_empty() && !line.starts_with('#') {
