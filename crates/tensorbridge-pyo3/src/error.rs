@@ -326,16 +326,30 @@ pub enum Error {
         /// That argument's shape.
         expected: Vec<i64>,
     },
-    /// A PyTorch tensor rebound to other memory (`set_`, `.data =`, `swap_tensors` on another
-    /// thread) on every attempt to read it consistently.
+    /// A PyTorch tensor whose storage, as PyTorch reported it, did not hold the memory the
+    /// tensor showed, on every attempt: rebound to other memory meanwhile (`set_`, `.data =`,
+    /// `swap_tensors` on another thread), or a `__torch_function__` override or mode answered
+    /// `untyped_storage()` with another storage. Nothing could pin the memory.
     #[error(
-        "a {type_name} changed its memory during the import {attempts} times in a row (expected no other thread to rebind the tensor while it is imported)"
+        "a {type_name}'s memory is not inside the storage PyTorch reported for it ({attempts} attempts; expected untyped_storage() to return the tensor's own storage and no other thread to rebind the tensor during the import: is a __torch_function__ override or mode answering for it?)"
     )]
     Rebound {
         /// Its type.
         type_name: String,
         /// How often it was read.
         attempts: usize,
+    },
+    /// A PyTorch tensor its table exported whose storage could not be had:
+    /// `untyped_storage()` raised (a `__torch_function__` override or mode answering for it).
+    /// Nothing could pin the memory, and an owner of the tensor alone would not.
+    #[error(
+        "a {type_name}'s storage could not be pinned: untyped_storage() raised {cause} (expected PyTorch's own answer: is a __torch_function__ override or mode answering for it?)"
+    )]
+    Unpinned {
+        /// Its type.
+        type_name: String,
+        /// What `untyped_storage()` raised.
+        cause: String,
     },
     /// A DLPack C exchange API table that could not be used.
     #[error("{type_name}'s DLPack C exchange API is unusable: {problem}")]
@@ -483,7 +497,7 @@ impl From<Error> for PyErr {
             | Error::NegativeBit { .. }
             | Error::Exchange { .. }
             | Error::NoFlags { .. } => PyBufferError::new_err(msg),
-            Error::Rebound { .. } => PyRuntimeError::new_err(msg),
+            Error::Rebound { .. } | Error::Unpinned { .. } => PyRuntimeError::new_err(msg),
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | own view | `tensorbridge.View` | its tensor | the view's owner |
 //! | NumPy | exactly `numpy.ndarray`, every dimension longer than 1 | the buffer protocol | the held buffer (NumPy refuses `resize` while it is exported) |
-//! | PyTorch | `torch.Tensor` and subclasses that keep its protocol | the table's non-owning `DLTensor` | the tensor's storage (`torch::import`) |
+//! | PyTorch | `torch.Tensor` and subclasses that keep its protocol | the table's non-owning `DLTensor` | the tensor's storage, checked to hold the span (`torch::import`) |
 //! | exchange | other types publishing a DLPack C exchange API capsule | the table's owning export | the managed tensor |
 //! | general | everything else, in this order | `__dlpack__`, a DLPack capsule, `__cuda_array_interface__`, `__array_interface__`, the buffer protocol | the managed tensor; the interface's exporter (the protocols fix its memory for its life); the held buffer |
 //!

@@ -14,23 +14,80 @@
 //! reference can pin the old memory then. PyTorch documents the same for its own sharing;
 //! API.md says so for views.)
 //!
+//! # The storage is verified, not believed
+//! `untyped_storage()` is an answer, and a Python-level answer can lie: a subclass may
+//! override the method, and a `__torch_function__` mode intercepts it for every tensor
+//! (`torch.overrides.TorchFunctionMode`), each free to return some other storage. Pinning
+//! that one would leave the tensor's memory unpinned (a later `swap_tensors` freed it under
+//! the view: a segfault). So PyTorch's C implementations are called directly
+//! (`torch._C.TensorBase.untyped_storage`, no Python override is reached that way), and what
+//! comes back is checked: it must be a real storage (`torch._C.StorageBase`'s own `data_ptr`
+//! and `nbytes` read it, and refuse anything else), and its bytes must hold every byte of
+//! the span the `DLTensor` describes. A storage that does not is refused
+//! ([`Error::Rebound`]), never pinned; nothing falls back to an owner that holds only the
+//! tensor (`__dlpack__`'s), which a later rebinding would defeat.
+//!
+//! The other questions (`requires_grad`, `is_neg()`, `is_conj()`) are PyTorch's answers
+//! too; a mode that lies about them changes what the values mean (a sign, a conjugate, a
+//! write autograd does not see), never which memory is reached. PyTorch's own C methods
+//! are called for `is_neg()` and `is_conj()`, so a subclass's Python override is not asked.
+//!
 //! # The order of the questions (\[borrow\])
 //! PyTorch's `is_neg()` and `is_conj()` release the GIL, so another thread may run (and
-//! rebind the tensor) inside them. They are asked first; the storage is pinned next; the
-//! `DLTensor` is read last, twice around the pin, and taken only when both reads name the
-//! same memory: a rebinding that slipped in (through a finalizer the pin's allocation ran,
-//! say) shows as a different data pointer, and the import starts over.
+//! rebind the tensor) inside them. `is_neg()` is asked first; the storage is taken next; the
+//! `DLTensor` is read right after it and described at once (its shape and strides are the
+//! tensor's own arrays), with no Python code in between; the span is then checked against
+//! the storage. A rebinding that slipped in before the read (through a finalizer the
+//! storage object's allocation ran, say) shows as a span outside the storage, and the import
+//! starts over. `is_conj()`, asked last and only for complex tensors, can no longer change
+//! what is pinned or read.
 
 use pyo3::prelude::*;
-use tensorbridge::{Access, DTypeCode, Ready, Stream};
+use pyo3::sync::PyOnceLock;
+use tensorbridge::{Access, DTypeCode, Descriptor, Ready, Stream};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::import::exchange::ExchangeApi;
 use crate::import::{Consumer, Current, Imported, Pin, order_consumer};
 
-/// How often the import starts over when the tensor is rebound under it.
+/// How often the import starts over when the storage does not hold the span.
 const ATTEMPTS: usize = 3;
+
+/// PyTorch's C implementations, taken once from its C types, whose attributes no Python code
+/// can replace: calling them reaches no subclass override.
+struct Methods {
+    /// `torch._C.TensorBase.is_neg`.
+    is_neg: Py<PyAny>,
+    /// `torch._C.TensorBase.is_conj`.
+    is_conj: Py<PyAny>,
+    /// `torch._C.TensorBase.untyped_storage`.
+    untyped_storage: Py<PyAny>,
+    /// `torch._C.StorageBase.data_ptr`.
+    data_ptr: Py<PyAny>,
+    /// `torch._C.StorageBase.nbytes`.
+    nbytes: Py<PyAny>,
+}
+
+/// [`Methods`], looked up the first time a PyTorch tensor is imported (PyTorch is imported
+/// then: the tensor's type publishes its table).
+fn methods(py: Python<'_>) -> Result<&Methods> {
+    static METHODS: PyOnceLock<Methods> = PyOnceLock::new();
+    Ok(METHODS.get_or_try_init(py, || -> PyResult<Methods> {
+        let c = py.import(pyo3::intern!(py, "torch._C"))?;
+        let tensor = c.getattr(pyo3::intern!(py, "TensorBase"))?;
+        let storage = c.getattr(pyo3::intern!(py, "StorageBase"))?;
+        Ok(Methods {
+            is_neg: tensor.getattr(pyo3::intern!(py, "is_neg"))?.unbind(),
+            is_conj: tensor.getattr(pyo3::intern!(py, "is_conj"))?.unbind(),
+            untyped_storage: tensor
+                .getattr(pyo3::intern!(py, "untyped_storage"))?
+                .unbind(),
+            data_ptr: storage.getattr(pyo3::intern!(py, "data_ptr"))?.unbind(),
+            nbytes: storage.getattr(pyo3::intern!(py, "nbytes"))?.unbind(),
+        })
+    })?)
+}
 
 /// `obj`, a PyTorch tensor, imported through its table. `Ok(None)`: a tensor PyTorch's
 /// `__dlpack__` refuses before exporting (a lazily conjugated one): the caller asks
@@ -46,6 +103,7 @@ pub(crate) fn import(
     consumer: Consumer,
 ) -> Result<Option<Imported>> {
     let py = obj.py();
+    let torch = methods(py)?;
     let access = if obj
         .getattr(pyo3::intern!(py, "requires_grad"))?
         .is_truthy()?
@@ -54,44 +112,37 @@ pub(crate) fn import(
     } else {
         Access::ReadWrite
     };
-    if obj.call_method0(pyo3::intern!(py, "is_neg"))?.is_truthy()? {
+    if torch.is_neg.bind(py).call1((obj,))?.is_truthy()? {
         return Err(Error::NegativeBit {
             type_name: type_name(obj),
         });
     }
     for _ in 0..ATTEMPTS {
-        let Some(probe) = api.dltensor(obj)? else {
-            return Ok(None);
-        };
-        // Only complex tensors carry the conjugate bit (PyTorch: `is_conj()` is false for
-        // every other dtype), so only they pay for the question.
-        let complex = probe.dtype.code.0 == DTypeCode::Complex.code();
-        if complex
-            && obj
-                .call_method0(pyo3::intern!(py, "is_conj"))?
-                .is_truthy()?
-        {
-            return Ok(None);
-        }
-        // `is_conj` released the GIL: the memory is read again, after it.
-        let before = if complex {
-            match api.dltensor(obj)? {
-                Some(dl) => dl.data,
-                None => return Ok(None),
-            }
-        } else {
-            probe.data
-        };
-        let storage = obj.call_method0(pyo3::intern!(py, "untyped_storage"))?;
+        let storage = torch.untyped_storage.bind(py).call1((obj,));
+        // A table error (a sparse, quantized or meta tensor, which has no storage either)
+        // goes to the caller, which asks `__dlpack__` for PyTorch's own message.
         let Some(dl) = api.dltensor(obj)? else {
             return Ok(None);
         };
-        if dl.data != before {
-            continue;
-        }
         // SAFETY: `dl`'s shape and strides are the tensor's own arrays, unchanged while the
         // tensor is and no Python code runs: read right here, with nothing in between.
         let desc = unsafe { tensorbridge_dlpack::describe_borrowed(&dl, api.version(), access) }?;
+        // The table exported it, yet no storage came: refused, not handed to `__dlpack__`,
+        // whose owner would hold only the tensor.
+        let storage = storage.map_err(|e| Error::Unpinned {
+            type_name: type_name(obj),
+            cause: e.to_string(),
+        })?;
+        if !holds(torch, &storage, &desc) {
+            continue;
+        }
+        // Only complex tensors carry the conjugate bit (PyTorch: `is_conj()` is false for
+        // every other dtype), so only they pay for the question.
+        if desc.dtype().code() == DTypeCode::Complex
+            && torch.is_conj.bind(py).call1((obj,))?.is_truthy()?
+        {
+            return Ok(None);
+        }
         let mut imported = Imported {
             desc,
             ready: Ready::Now,
@@ -115,6 +166,29 @@ pub(crate) fn import(
         type_name: type_name(obj),
         attempts: ATTEMPTS,
     })
+}
+
+/// Whether `storage` is a real PyTorch storage whose bytes hold all of `desc`'s span
+/// (\[owner\], \[span\]): read by `torch._C.StorageBase`'s own methods, which raise
+/// `TypeError` for anything that is not one (then: no). A tensor without elements reaches no
+/// byte; a device without addresses cannot be compared (no).
+fn holds(torch: &Methods, storage: &Bound<'_, PyAny>, desc: &Descriptor) -> bool {
+    let py = storage.py();
+    let read = |method: &Py<PyAny>| -> Option<usize> {
+        method.bind(py).call1((storage,)).ok()?.extract().ok()
+    };
+    let (Some(base), Some(len)) = (read(&torch.data_ptr), read(&torch.nbytes)) else {
+        return false;
+    };
+    if desc.numel() == 0 {
+        return true;
+    }
+    // Addresses (host, CUDA, managed: what the table exports) compare with the storage's.
+    if !desc.device().kind.has_addresses() {
+        return false;
+    }
+    let span = desc.byte_span();
+    base <= span.start && span.end <= base.saturating_add(len)
 }
 
 /// Where a PyTorch tensor's data is ready, given that it is ready on `current`, PyTorch's
