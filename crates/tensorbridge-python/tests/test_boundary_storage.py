@@ -182,3 +182,20 @@ def test_subclass_override_of_is_neg_is_not_asked():
     PyTorch's own ``is_neg`` is asked."""
     pytest.importorskip("torch")
     run_case(__file__, "case_subclass_overriding_is_neg")
+
+
+def test_subclass_override_of_requires_grad_is_not_asked():
+    """A tensor that requires grad, whose subclass says it does not, still gives a read-only
+    view: PyTorch's own getter is asked."""
+    torch = pytest.importorskip("torch")
+    import tensorbridge as tb
+
+    class Liar(torch.Tensor):
+        @property
+        def requires_grad(self):
+            return False
+
+    t = torch.ones(4, requires_grad=True).as_subclass(Liar)
+    assert t.requires_grad is False and torch._C.TensorBase.requires_grad.__get__(t) is True
+    assert tb.asview(t).readonly
+    assert not tb.asview(torch.ones(4).as_subclass(Liar)).readonly

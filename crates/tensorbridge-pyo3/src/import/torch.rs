@@ -27,10 +27,10 @@
 //! ([`Error::Rebound`]), never pinned; nothing falls back to an owner that holds only the
 //! tensor (`__dlpack__`'s), which a later rebinding would defeat.
 //!
-//! The other questions (`requires_grad`, `is_neg()`, `is_conj()`) are PyTorch's answers
-//! too; a mode that lies about them changes what the values mean (a sign, a conjugate, a
-//! write autograd does not see), never which memory is reached. PyTorch's own C methods
-//! are called for `is_neg()` and `is_conj()`, so a subclass's Python override is not asked.
+//! The other questions (`requires_grad`, `is_neg()`, `is_conj()`) go to PyTorch's C
+//! implementations the same way, so a subclass's Python override is not asked. A mode may
+//! still answer them; a lie there changes what the values mean (a sign, a conjugate, a write
+//! autograd does not see), never which memory is reached.
 //!
 //! # The order of the questions (\[borrow\])
 //! PyTorch's `is_neg()` and `is_conj()` release the GIL, so another thread may run (and
@@ -44,6 +44,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 use tensorbridge::{Access, DTypeCode, Descriptor, Ready, Stream};
 
 use crate::convert::type_name;
@@ -57,6 +58,8 @@ const ATTEMPTS: usize = 3;
 /// PyTorch's C implementations, taken once from its C types, whose attributes no Python code
 /// can replace: calling them reaches no subclass override.
 struct Methods {
+    /// `torch._C.TensorBase.requires_grad.__get__`: the getter, whatever a subclass defines.
+    requires_grad: Py<PyAny>,
     /// `torch._C.TensorBase.is_neg`.
     is_neg: Py<PyAny>,
     /// `torch._C.TensorBase.is_conj`.
@@ -67,6 +70,11 @@ struct Methods {
     data_ptr: Py<PyAny>,
     /// `torch._C.StorageBase.nbytes`.
     nbytes: Py<PyAny>,
+    /// `torch.UntypedStorage`, what `untyped_storage()` returns: its length is
+    /// `torch._C.StorageBase`'s C slot (it defines no `__len__` of its own).
+    untyped: Py<PyType>,
+    /// `torch.Tensor`, whose `requires_grad` is `TensorBase`'s getter (it defines none).
+    tensor: Py<PyType>,
 }
 
 /// [`Methods`], looked up the first time a PyTorch tensor is imported (PyTorch is imported
@@ -78,6 +86,10 @@ fn methods(py: Python<'_>) -> Result<&Methods> {
         let tensor = c.getattr(pyo3::intern!(py, "TensorBase"))?;
         let storage = c.getattr(pyo3::intern!(py, "StorageBase"))?;
         Ok(Methods {
+            requires_grad: tensor
+                .getattr(pyo3::intern!(py, "requires_grad"))?
+                .getattr(pyo3::intern!(py, "__get__"))?
+                .unbind(),
             is_neg: tensor.getattr(pyo3::intern!(py, "is_neg"))?.unbind(),
             is_conj: tensor.getattr(pyo3::intern!(py, "is_conj"))?.unbind(),
             untyped_storage: tensor
@@ -85,6 +97,16 @@ fn methods(py: Python<'_>) -> Result<&Methods> {
                 .unbind(),
             data_ptr: storage.getattr(pyo3::intern!(py, "data_ptr"))?.unbind(),
             nbytes: storage.getattr(pyo3::intern!(py, "nbytes"))?.unbind(),
+            untyped: py
+                .import(pyo3::intern!(py, "torch"))?
+                .getattr(pyo3::intern!(py, "UntypedStorage"))?
+                .cast_into::<PyType>()?
+                .unbind(),
+            tensor: py
+                .import(pyo3::intern!(py, "torch"))?
+                .getattr(pyo3::intern!(py, "Tensor"))?
+                .cast_into::<PyType>()?
+                .unbind(),
         })
     })?)
 }
@@ -104,10 +126,14 @@ pub(crate) fn import(
 ) -> Result<Option<Imported>> {
     let py = obj.py();
     let torch = methods(py)?;
-    let access = if obj
-        .getattr(pyo3::intern!(py, "requires_grad"))?
-        .is_truthy()?
-    {
+    // Exactly `torch.Tensor`: the attribute is `TensorBase`'s getter (cheaper than calling
+    // it); a subclass may define its own, so its getter is called directly.
+    let requires_grad = if obj.get_type().is(torch.tensor.bind(py)) {
+        obj.getattr(pyo3::intern!(py, "requires_grad"))?
+    } else {
+        torch.requires_grad.bind(py).call1((obj,))?
+    };
+    let access = if requires_grad.is_truthy()? {
         Access::ReadOnly
     } else {
         Access::ReadWrite
@@ -177,7 +203,14 @@ fn holds(torch: &Methods, storage: &Bound<'_, PyAny>, desc: &Descriptor) -> bool
     let read = |method: &Py<PyAny>| -> Option<usize> {
         method.bind(py).call1((storage,)).ok()?.extract().ok()
     };
-    let (Some(base), Some(len)) = (read(&torch.data_ptr), read(&torch.nbytes)) else {
+    // Exactly `torch.UntypedStorage`: `len()` is then `StorageBase`'s C slot (a subclass
+    // could define `__len__`), cheaper than calling `nbytes`.
+    let len = if storage.get_type().is(torch.untyped.bind(py)) {
+        storage.len().ok()
+    } else {
+        read(&torch.nbytes)
+    };
+    let (Some(base), Some(len)) = (read(&torch.data_ptr), len) else {
         return false;
     };
     if desc.numel() == 0 {
