@@ -89,3 +89,57 @@ def test_cuda_tensor_requiring_grad_is_a_read_only_view(kind):
     r = torch.from_dlpack(v)
     assert r.data_ptr() == t.data_ptr()
     assert r.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("liar", ["subclass", "mode"])
+def test_cuda_storage_is_verified_not_believed(liar):
+    """The pin of a CUDA tensor's view is its own storage, whatever a subclass or a
+    ``TorchFunctionMode`` answers for ``untyped_storage()`` (test_boundary_storage.py does
+    the CPU side in child interpreters). A subclass's override is never asked: after
+    ``swap_tensors`` and churn through the caching allocator, the view still reads its
+    values. A mode naming another storage is refused with ``RuntimeError``; a mode that
+    answers truthfully is not."""
+    torch = pytest.importorskip("torch")
+    from torch.overrides import TorchFunctionMode
+
+    n = 1 << 20
+
+    class Liar(torch.Tensor):
+        def untyped_storage(self):
+            return torch.empty(1, device="cuda").untyped_storage()
+
+    class Mode(TorchFunctionMode):
+        def __init__(self, truthful):
+            super().__init__()
+            self.truthful, self.asked = truthful, 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "untyped_storage":
+                self.asked += 1
+                if not self.truthful:
+                    return torch.empty(1, device="cuda").untyped_storage()
+            return func(*args, **(kwargs or {}))
+
+    t = torch.arange(n, dtype=torch.float32, device="cuda")
+    if liar == "mode":
+        with Mode(truthful=False) as m, pytest.raises(RuntimeError, match=r"untyped_storage\(\)"):
+            tb.asview(t)
+        assert m.asked
+        with Mode(truthful=True) as m:
+            v = tb.asview(t)
+        assert m.asked
+    else:
+        t = t.as_subclass(Liar)
+        v = tb.asview(t)
+    ptr = v.ptr
+    assert ptr == t.data_ptr()
+    u = torch.full((n,), -1.0, device="cuda").as_subclass(type(t))
+    torch.utils.swap_tensors(t, u)
+    del u
+    gc.collect()
+    assert t.data_ptr() != ptr, "the swap did not move the tensor (the test proves nothing)"
+    junk = [torch.full((n,), 7.0, device="cuda") for _ in range(8)]
+    back = torch.from_dlpack(v)
+    assert back.data_ptr() == ptr
+    assert torch.equal(back, torch.arange(n, dtype=torch.float32, device="cuda"))
+    del junk
