@@ -71,6 +71,20 @@ def test_array_interface_is_v3_and_exact(tb, arr):
     assert arr[1, 2] == 99
 
 
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 2, 5)])
+def test_empty_view_at_null_reaches_numpy(tb, shape):
+    """An empty tensor at the null address (PyTorch gives ``torch.empty(0)`` a null
+    pointer): its array interface points at a non-null stand-in, since NumPy before 2.4
+    reads ``data: (0, ...)`` as "no data" and raised ``TypeError`` for ``np.asarray``
+    (numpy#26037; seen on 1.26 and 2.0). The view itself still says where it is."""
+    v = tb.from_ptr(0, shape, "float64", device="cpu")
+    assert v.ptr == 0
+    address, readonly = v.__array_interface__["data"]
+    assert address != 0 and address % 64 == 0 and readonly is False
+    a = np.asarray(v)
+    assert a.shape == shape and a.dtype == np.float64 and a.size == 0
+
+
 def test_host_view_has_no_cuda_array_interface(tb, arr):
     v = tb.asview(arr)
     with pytest.raises(AttributeError):
