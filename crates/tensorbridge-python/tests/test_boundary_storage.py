@@ -10,6 +10,8 @@ the tensor object afterwards. Each case runs in a child interpreter (the old beh
 crashes); the small-tensor cases detect a silent read of reused memory by its values.
 """
 
+import os
+
 import pytest
 
 from adversary import run_case
@@ -199,3 +201,108 @@ def test_subclass_override_of_requires_grad_is_not_asked():
     assert t.requires_grad is False and torch._C.TensorBase.requires_grad.__get__(t) is True
     assert tb.asview(t).readonly
     assert not tb.asview(torch.ones(4).as_subclass(Liar)).readonly
+
+
+def case_property_pin_holds_the_span(examples):
+    """Hypothesis, in this (child) interpreter: random strided views of a storage (offsets,
+    zero and overlapping strides, ranks 0-4, several dtypes, requires_grad), plain or as a
+    subclass overriding ``untyped_storage``, imported under no mode, a truthful mode, or a
+    mode answering with another storage (of a random size) or a non-storage. Each import
+    either raises a typed exception (and only under a lying mode) or gives a zero-copy view
+    whose whole span lies inside the tensor's own storage, read-only when it requires grad;
+    the view then survives ``t.data = ...`` with its values."""
+    import gc
+
+    import numpy as np
+    import torch
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from torch.overrides import TorchFunctionMode
+
+    import tensorbridge as tb
+    from adversary import TYPED_ERRORS, assert_inside
+
+    class Liar(torch.Tensor):
+        def untyped_storage(self):
+            return torch.empty(3, dtype=torch.uint8).untyped_storage()
+
+    class Mode(TorchFunctionMode):
+        def __init__(self, answer, size):
+            super().__init__()
+            self.answer, self.size = answer, size
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "untyped_storage":
+                if self.answer == "other":
+                    return torch.empty(self.size, dtype=torch.uint8).untyped_storage()
+                if self.answer == "junk":
+                    return bytearray(self.size)
+            return func(*args, **(kwargs or {}))
+
+    dtypes = [torch.float32, torch.float64, torch.int16, torch.uint8, torch.bool, torch.complex64]
+
+    @st.composite
+    def tensors(draw):
+        dtype = draw(st.sampled_from(dtypes))
+        rank = draw(st.integers(0, 4))
+        shape = [draw(st.integers(0, 5)) for _ in range(rank)]
+        strides = [draw(st.integers(0, 7)) for _ in range(rank)]
+        offset = draw(st.integers(0, 9))
+        reach = offset + sum((n - 1) * s for n, s in zip(shape, strides) if n > 0) + 1
+        base = torch.zeros(max(reach, 1), dtype=dtype)
+        if dtype.is_floating_point or dtype.is_complex:
+            base += torch.arange(base.numel(), dtype=torch.float32).to(dtype)
+        # Not a view of `base` (a view would keep the storage alive through `_base`): a
+        # tensor of its own over the storage, the storage's only holder once `base` is gone.
+        t = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, shape, strides)
+        del base
+        if draw(st.booleans()) and (dtype.is_floating_point or dtype.is_complex):
+            t.requires_grad_(True)
+        if draw(st.booleans()):
+            t = t.as_subclass(Liar)
+        return t
+
+    @settings(max_examples=examples, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(tensors(), st.sampled_from(["none", "truthful", "other", "junk"]), st.integers(0, 4096))
+    def prop(t, mode, size):
+        print("EXAMPLE", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), type(t).__name__,
+              t.requires_grad, mode, size, flush=True)
+        store = torch._C.TensorBase.untyped_storage(t)
+        lo = torch._C.StorageBase.data_ptr(store)
+        hi = lo + torch._C.StorageBase.nbytes(store)
+        try:
+            if mode == "none":
+                v = tb.asview(t)
+            else:
+                with Mode(mode, size):
+                    v = tb.asview(t)
+        except TYPED_ERRORS:
+            assert mode in ("other", "junk"), f"refused without a lying mode ({mode})"
+            return
+        assert t.numel() == 0 or v.ptr == t.data_ptr()
+        assert_inside(v, lo, hi, "the tensor's own storage")
+        assert v.readonly == t.requires_grad
+        expected = t.detach().clone()
+        n = t.numel()
+        # Rebinds the tensor (hypothesis holds a weak reference to its examples, which
+        # `swap_tensors` refuses): the old storage loses the tensor's reference.
+        t.data = torch.zeros(1, dtype=t.dtype)
+        del store
+        gc.collect()
+        junk = [torch.full((4096,), 7, dtype=torch.uint8) for _ in range(4)]
+        got = np.asarray(v)
+        want = expected.as_subclass(torch.Tensor).numpy()
+        assert n == 0 or np.array_equal(got, want), "the view's values changed"
+        del junk
+
+    prop()
+
+
+def test_property_pin_holds_the_span():
+    """[owner], [span] for the PyTorch route, whatever a subclass or a mode answers (one
+    child interpreter for the whole hypothesis run: a crash names its last example)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("hypothesis")
+    examples = int(os.environ.get("TB_ADVERSARIAL_EXAMPLES", "120"))
+    run_case(__file__, "case_property_pin_holds_the_span", examples, timeout=600)
