@@ -79,26 +79,6 @@ impl CudaArrayInterface {
     }
 }
 
-/// A real, non-null address with every alignment a dtype can ask for, in this crate's static
-/// memory: where the array interface points a zero-size array whose data pointer is null.
-/// Nothing reads or writes it (the array has no element).
-#[repr(align(64))]
-struct EmptyTarget;
-
-static EMPTY_TARGET: EmptyTarget = EmptyTarget;
-
-/// `address`, or, for a zero-size array at the null address, [`EMPTY_TARGET`]'s: NumPy before
-/// 2.4 reads `data: (0, ...)` as "no data" and takes the object for a scalar (numpy#26037,
-/// fixed by numpy#29338), so `np.asarray` of an empty PyTorch tensor's view (PyTorch gives
-/// empty tensors a null pointer) raised `TypeError` there.
-fn host_address(desc: &Descriptor, address: usize) -> usize {
-    if address == 0 && desc.numel() == 0 {
-        std::ptr::addr_of!(EMPTY_TARGET) as usize
-    } else {
-        address
-    }
-}
-
 impl ArrayInterface {
     /// The interface describing `tensor`, zero-copy; see [`ArrayInterface::export_descriptor`].
     pub fn export(tensor: &Tensor) -> Result<ArrayInterface, Error> {
@@ -108,9 +88,8 @@ impl ArrayInterface {
     /// The interface (version 3) describing host memory: CPU and pinned host memory
     /// ([`Error::UnsupportedDevice`] otherwise).
     ///
-    /// The pointer form of `data` with the byte offset folded in (so `offset` is 0), never
-    /// null (a zero-size array at the null address points at a static address instead, which
-    /// NumPy before 2.4 needs), exact byte strides, `readonly` carried, the default `descr`. The interface has no stream,
+    /// The pointer form of `data` with the byte offset folded in (so `offset` is 0), exact
+    /// byte strides, `readonly` carried, the default `descr`. The interface has no stream,
     /// so data with pending device work is refused (the core's `NotReady`): synchronise first.
     pub fn export_descriptor(desc: &Descriptor, ready: &Ready) -> Result<ArrayInterface, Error> {
         if !desc.device().kind.is_host_accessible() {
@@ -128,7 +107,7 @@ impl ArrayInterface {
             typestr: c.typestr,
             shape: c.shape,
             data: ArrayData::Pointer(DataPointer {
-                address: host_address(desc, c.address),
+                address: c.address,
                 readonly: desc.is_readonly(),
             }),
             strides: Some(c.strides),

@@ -74,56 +74,6 @@ fn cai_exports_zero_size_arrays_at_address_0() {
 }
 
 #[test]
-fn array_interface_never_exports_a_null_pointer() {
-    // Zero-size at the null address (an empty PyTorch tensor): a non-null address that
-    // every dtype's alignment divides, the same for every export.
-    let empty = desc(
-        Device::CPU,
-        DType::COMPLEX128,
-        Layout::new(&[0, 3], None, 0).unwrap(),
-        0,
-        Access::ReadWrite,
-    );
-    let a = ArrayInterface::export_descriptor(&empty, &Ready::Now).unwrap();
-    let ArrayData::Pointer(p) = a.data else {
-        panic!("the pointer form")
-    };
-    assert_ne!(p.address, 0);
-    assert_eq!(p.address % 64, 0);
-    assert_eq!(a.shape, vec![0, 3]);
-    let again = ArrayInterface::export_descriptor(&empty, &Ready::Now).unwrap();
-    assert_eq!(again.data, a.data);
-    // Zero-size elsewhere keeps its own address; so does anything with elements.
-    for (shape, data) in [(&[0][..], 0x7000usize), (&[2][..], 0x7000)] {
-        let d = desc(
-            Device::CPU,
-            DType::FLOAT32,
-            Layout::new(shape, None, 0).unwrap(),
-            data,
-            Access::ReadOnly,
-        );
-        let a = ArrayInterface::export_descriptor(&d, &Ready::Now).unwrap();
-        assert_eq!(
-            a.data,
-            ArrayData::Pointer(DataPointer {
-                address: data,
-                readonly: true
-            })
-        );
-    }
-    // The CUDA Array Interface keeps its rule: 0 for zero-size arrays.
-    let empty_cuda = desc(
-        Device::cuda(0),
-        DType::FLOAT32,
-        Layout::new(&[0], None, 0).unwrap(),
-        0,
-        Access::ReadWrite,
-    );
-    let c = CudaArrayInterface::export_descriptor(&empty_cuda, &Ready::Now).unwrap();
-    assert_eq!(c.data.address, 0);
-}
-
-#[test]
 fn cai_exports_the_producer_stream() {
     let d = desc(
         Device::cuda(0),
