@@ -66,7 +66,7 @@ static EMPTY_TARGET: EmptyTarget = EmptyTarget([0; 64]);
 /// zero-size arrays), which its consumers expect.
 fn numpy_address(ai: &ArrayInterface, address: usize) -> usize {
     if address == 0 && ai.shape.contains(&0) {
-        std::ptr::addr_of!(EMPTY_TARGET) as usize
+        EMPTY_TARGET.0.as_ptr() as usize
     } else {
         address
     }
