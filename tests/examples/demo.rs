@@ -177,7 +177,8 @@ fn tensor_through_array_interface() -> Result<Outcome> {
 fn tensor_through_libtorch() -> Result<Outcome> {
     through_consumer(|t| {
         let torch = tensorbridge_tch::export(t)?;
-        // SAFETY: a storage `tensorbridge_tch::export` made, which libtorch refuses to resize.
+        // SAFETY: a storage `tensorbridge_tch::export` made, which libtorch refuses to resize;
+        // `torch` never leaves this thread.
         Ok(unsafe { tensorbridge_tch::import(&torch) }?)
     })
 }

@@ -118,7 +118,8 @@ pub(crate) fn is_external_stream_id(id: i64) -> bool {
 /// # fn demo(x: &tch::Tensor, y: &tch::Tensor, f: &cudarc::driver::CudaFunction)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
 /// use cudarc::driver::PushKernelArg;
-/// // SAFETY: nothing resizes x's or y's storage while xt and yt live.
+/// // SAFETY: nothing resizes x's or y's storage while xt and yt live, and no other thread
+/// // changes x or y during the imports.
 /// let (xt, yt) = unsafe { (tensorbridge_tch::import(x)?, tensorbridge_tch::import(y)?) };
 /// tensorbridge_tch::with_current_stream(0, |stream| {
 ///     let args = tensorbridge_cudarc::KernelArgs::new(stream);
@@ -169,7 +170,7 @@ pub fn with_current_stream<R>(
 /// ```
 /// let t = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([2, 3]);
 /// let col = t.narrow(1, 1, 1); // a view libtorch made: offset 1, strides [3, 1]
-/// // SAFETY: nothing resizes `t`'s storage while `shared` lives.
+/// // SAFETY: nothing resizes `t`'s storage while `shared` lives; `col` is on this thread only.
 /// let shared = unsafe { tensorbridge_tch::import(&col) }?;
 /// assert_eq!(shared.shape(), [2, 1]);
 /// assert_eq!(shared.byte_offset(), 4); // the storage offset, in bytes
@@ -189,6 +190,14 @@ pub fn with_current_stream<R>(
 ///    tch's safe API allows it, so the promise is the caller's (see ARCHITECTURE.md, "tch
 ///    imports are `unsafe`"). Storages libtorch refuses to resize (those of tensors
 ///    [`export`](crate::export) made, or `from_blob`'s) meet this by construction.
+/// 2. While `import` runs, nothing changes `t`'s shape, strides, offset or storage on another
+///    thread: no in-place metadata change (`resize_`, `set_`, `set_data`, `as_strided_`,
+///    `transpose_`, `squeeze_`, `unsqueeze_`...) through any tensor that shares `t`'s
+///    `TensorImpl`. Borrowing `t` does not promise that: `tch::Tensor` is `Send`, and a
+///    `shallow_clone` (the same `TensorImpl`) moved to another thread changes `t` too,
+///    through tch's safe API. The import reads the sizes and strides where libtorch keeps
+///    them, and libtorch does not synchronise such changes with readers (for libtorch's own
+///    readers too it is a data race).
 pub unsafe fn import(t: &tch::Tensor) -> Result<Tensor, Error> {
     let (info, storage) = describe(t)?;
     // A refusal from here on drops `storage`, which gives the reference back.
@@ -271,9 +280,12 @@ fn validate(info: &TensorInfo) -> Result<Descriptor, Error> {
         (&[], &[])
     } else {
         // SAFETY: for a defined strided tensor the shim points `sizes` and `strides`
-        // at the tensor's own `ndim` extents and strides, which live as long as the tensor
-        // is not resized; the caller borrows the tensor (not `Sync`) for the whole import,
-        // so nothing resizes it before the core has copied them (`validate` below).
+        // at the tensor's own `ndim` extents and strides, which live as long as its
+        // metadata is not changed; this thread borrows the tensor for the whole import and
+        // no other thread changes it meanwhile (obligation 2 of `import`: a shared borrow
+        // alone would not do, since a shallow clone on another thread shares the
+        // `TensorImpl`), so they stay in place until the core has copied them
+        // (`validate` below).
         let sizes = unsafe { slice::from_raw_parts(info.sizes, ndim) };
         // SAFETY: as for `sizes` just above.
         let strides = unsafe { slice::from_raw_parts(info.strides, ndim) };

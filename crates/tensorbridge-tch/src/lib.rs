@@ -17,7 +17,8 @@
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
 //! let torch = tensorbridge_tch::export(&t)?.transpose(0, 1); // libtorch's own view
-//! // Sound: `export` made the storage, and libtorch refuses to resize it.
+//! // Sound: `export` made the storage, which libtorch refuses to resize, and no other thread
+//! // holds `torch`.
 //! let back = unsafe { tensorbridge_tch::import(&torch) }?;
 //! assert_eq!(back.data_ptr(), t.data_ptr()); // one buffer all along
 //! assert_eq!(back.strides_elems(), [1, 3]);
@@ -56,6 +57,11 @@
 //!   of an imported tensor while the import lives. Rebinding the tch tensor (`set_`,
 //!   `set_data`, `set_source_tensor_`) is harmless: it makes the tch tensor point at another
 //!   storage and leaves the import's reference to the old one alone. Storages [`export`] made cannot be resized at all.
+//! - [`import`] reads the tch tensor's sizes and strides where libtorch keeps them, so its
+//!   caller also promises that no other thread changes that tensor's metadata or storage
+//!   during the call. Borrowing the tensor does not guarantee it: `tch::Tensor` is `Send`
+//!   and a `shallow_clone` (the same `TensorImpl`) can be resized or rebound on another
+//!   thread through safe tch code.
 //! - tch's safe API lets two shallow clones of one storage live on two threads, and write
 //!   through one while the other reads: tch does not prevent data races on tensor memory.
 //!   [`import`] and [`export`] are safe on the same terms: a [`Tensor`] shared with
