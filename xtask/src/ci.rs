@@ -55,6 +55,25 @@ const PYTHON_PACKAGES: &[&str] = &[
     "tensorbridge-example",
 ];
 
+/// The crates a registry would receive: every workspace member without `publish = false`
+/// (a unit test keeps the two lists in step). The `package` step builds each from the
+/// `.crate` file `cargo package` makes, against the others' `.crate` files and crates.io,
+/// as a registry's user would get them: a path outside the package, a file left out of it or
+/// a dependency without a version fails here, so publishing is a decision, not a project.
+const PUBLISHED: &[&str] = &[
+    "tensorbridge-core",
+    "tensorbridge",
+    "tensorbridge-dlpack",
+    "tensorbridge-cai",
+    "tensorbridge-cuda",
+    "tensorbridge-cudarc",
+    "tensorbridge-pyo3",
+    "tensorbridge-tch",
+    "tensorbridge-ndarray",
+    "tensorbridge-candle",
+    "tensorbridge-burn",
+];
+
 /// Where the Python package lives, relative to the workspace root.
 pub(crate) const PYTHON_CRATE: &str = "crates/tensorbridge-python";
 
@@ -228,6 +247,14 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    // `--allow-dirty`: CI's checkout is clean; a developer's uncommitted changes are what
+    // they want checked. Needs `LIBTORCH` (tensorbridge-tch) and the interpreter (pyo3).
+    let mut package = torch_cargo();
+    package.args(["package", "--allow-dirty"]);
+    for crate_name in PUBLISHED {
+        package.args(["-p", crate_name]);
+    }
+    steps.cmd("package", &mut package)?;
     for step in EXTRA_STEPS {
         step(steps, venv)?;
     }
@@ -736,6 +763,37 @@ mod tests {
         );
         assert_eq!(manylinux_of("linux_x86_64"), None);
         assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn every_member_is_published_or_says_it_is_not() {
+        let manifest = fs::read_to_string(root().join("Cargo.toml")).expect("the root manifest");
+        let members = manifest
+            .split("\nmembers = [")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .expect("a members list");
+        let mut seen = 0;
+        for member in members.split(',').map(|m| m.trim().trim_matches('"')) {
+            if member.is_empty() {
+                continue;
+            }
+            seen += 1;
+            let toml = fs::read_to_string(root().join(member).join("Cargo.toml"))
+                .unwrap_or_else(|e| panic!("{member}/Cargo.toml: {e}"));
+            let name = toml
+                .lines()
+                .find_map(|l| l.strip_prefix("name = \""))
+                .and_then(|n| n.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{member}/Cargo.toml has a name"));
+            let unpublished = toml.lines().any(|l| l.trim() == "publish = false");
+            assert_ne!(
+                PUBLISHED.contains(&name),
+                unpublished,
+                "{name}: in PUBLISHED exactly when its manifest lacks `publish = false`"
+            );
+        }
+        assert!(seen >= PUBLISHED.len(), "read {seen} members");
     }
 
     #[test]
