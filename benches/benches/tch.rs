@@ -73,7 +73,8 @@ fn import_group(c: &mut Criterion) {
             BenchmarkId::new("tensorbridge", format!("rank{rank}")),
             |b| {
                 b.iter(|| {
-                    // SAFETY: nothing resizes `torch`'s storage during the bench, and it stays on this thread.
+                    // SAFETY: nothing resizes `torch`'s storage during the bench, and it
+                    // stays on this thread.
                     black_box(
                         unsafe { tensorbridge_tch::import(black_box(&torch)) }.expect("shareable"),
                     )

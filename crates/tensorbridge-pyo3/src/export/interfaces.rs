@@ -57,15 +57,15 @@ struct EmptyTarget([u8; 64]);
 
 static EMPTY_TARGET: EmptyTarget = EmptyTarget([0; 64]);
 
-/// The address a NumPy consumer is given: `address`, or, for a zero-size array at the null
-/// address, [`EMPTY_TARGET`]'s. NumPy before 2.4 reads `data: (0, ...)` as "no data" and takes
+/// The address a NumPy consumer is given for an array of `shape` at `address`: `address`, or,
+/// for a zero-size array at the null address, [`EMPTY_TARGET`]'s. NumPy before 2.4 reads `data: (0, ...)` as "no data" and takes
 /// the object for a scalar (numpy#26037, fixed by numpy#29338), so `np.asarray` of the view of
 /// an empty PyTorch tensor (PyTorch gives empty tensors a null pointer) raised `TypeError`
 /// there. The Rust [`ArrayInterface`] keeps the tensor's own address; only the dict, which is
 /// what NumPy reads, carries the stand-in. The CUDA Array Interface keeps its rule (0 for
 /// zero-size arrays), which its consumers expect.
-fn numpy_address(ai: &ArrayInterface, address: usize) -> usize {
-    if address == 0 && ai.shape.contains(&0) {
+fn numpy_address(shape: &[i64], address: usize) -> usize {
+    if address == 0 && shape.contains(&0) {
         EMPTY_TARGET.0.as_ptr() as usize
     } else {
         address
@@ -82,7 +82,7 @@ pub(crate) fn array_to_py<'py>(
     d.set_item("shape", PyTuple::new(py, &ai.shape)?)?;
     d.set_item("typestr", ai.typestr.to_string())?;
     if let ArrayData::Pointer(p) = ai.data {
-        d.set_item("data", (numpy_address(ai, p.address), p.readonly))?;
+        d.set_item("data", (numpy_address(&ai.shape, p.address), p.readonly))?;
     }
     d.set_item("version", ai.version)?;
     match &ai.strides {
@@ -98,38 +98,21 @@ pub(crate) fn array_to_py<'py>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tensorbridge_cai::DataPointer;
-
-    fn interface(shape: &[i64], address: usize) -> ArrayInterface {
-        ArrayInterface {
-            shape: shape.to_vec(),
-            typestr: "<c16".parse().expect("a valid typestr"),
-            data: ArrayData::Pointer(DataPointer {
-                address,
-                readonly: false,
-            }),
-            strides: None,
-            descr: None,
-            mask: false,
-            offset: 0,
-            version: 3,
-        }
-    }
 
     #[test]
     fn numpy_is_never_given_a_null_pointer() {
         // Zero-size at the null address (an empty PyTorch tensor): one non-null address
         // that every dtype's alignment divides, for every shape.
-        let stand_in = numpy_address(&interface(&[0], 0), 0);
+        let stand_in = numpy_address(&[0], 0);
         assert_ne!(stand_in, 0);
         assert_eq!(stand_in % 64, 0);
         for shape in [&[3, 0][..], &[0, 2, 5], &[1, 0]] {
-            assert_eq!(numpy_address(&interface(shape, 0), 0), stand_in);
+            assert_eq!(numpy_address(shape, 0), stand_in);
         }
         // Anything else keeps its own address: zero-size elsewhere, and every array with
         // elements (a rank-0 array has one).
         for (shape, address) in [(&[0][..], 0x7000), (&[2][..], 0x7000), (&[][..], 0x40)] {
-            assert_eq!(numpy_address(&interface(shape, address), address), address);
+            assert_eq!(numpy_address(shape, address), address);
         }
     }
 }
