@@ -42,12 +42,14 @@ tasks:
       are missing). The other environments build while cargo compiles, and the pytest
       runs go on (two lanes) while the pyo3 tests and Miri run. --no-miri skips Miri, for quick local
       runs; --env NAME (repeatable) runs pytest in those environments only.
-  test-gpu [--bundle DIR] [-- ARGS...]
+  test-gpu [--bundle DIR] [--candle-cuda] [-- ARGS...]
       Report the GPUs found, build the GPU test binaries (release, stripped) and the
       wheel, and run them here with the Python GPU suite; with --bundle, copy them, the
       wheel and the Python tests into DIR (made afresh) with a run.sh for a GPU machine
       that has no Rust toolchain, plus every bench (release, stripped) and bench.sh, which
-      runs them pinned to one core with the Python comparison. ARGS go to every test
+      runs them pinned to one core with the Python comparison. --candle-cuda adds candle's
+      CUDA half (its GPU tests and the example extension's candle recipes: nvcc builds
+      candle's kernels twice, about 20 more minutes on 2 cores). ARGS go to every test
       binary (-- --nocapture).
   bench [-- ARGS...]
       cargo bench -p tensorbridge-benches with the CPU groups (tch included, with the

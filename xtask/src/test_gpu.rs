@@ -37,6 +37,7 @@ const LIBPATH_SH: &str = include_str!("../templates/libpath.sh");
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let (own, test_args) = split_passthrough(args);
     let mut bundle = None;
+    let mut candle_cuda = false;
     let mut own = own.iter();
     while let Some(arg) = own.next() {
         match arg.as_str() {
@@ -44,18 +45,24 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 let dir = own.next().context("`--bundle` needs a directory")?;
                 bundle = Some(absolute(Path::new(dir))?);
             }
+            "--candle-cuda" => candle_cuda = true,
             other => bail!(
-                "unknown option `{other}` for `test-gpu` (expected --bundle DIR; pass the test \
-                 binaries' arguments after `--`)"
+                "unknown option `{other}` for `test-gpu` (expected --bundle DIR or \
+                 --candle-cuda; pass the test binaries' arguments after `--`)"
             ),
         }
     }
     let mut steps = Steps::new("test-gpu");
-    let result = test_gpu(&mut steps, bundle.as_deref(), test_args);
+    let result = test_gpu(&mut steps, bundle.as_deref(), candle_cuda, test_args);
     steps.finish(result)
 }
 
-fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> Result<()> {
+fn test_gpu(
+    steps: &mut Steps,
+    bundle: Option<&Path>,
+    candle_cuda: bool,
+    test_args: &[String],
+) -> Result<()> {
     steps.run("devices", || {
         let found = report_devices()?;
         if !found && bundle.is_none() {
@@ -71,13 +78,27 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     let venv = venv::ensure(steps)?;
     let libtorch = venv.torch_dir()?;
     let mut binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
-    // candle's CUDA tests: built apart, with a CUDA toolkit (`cuda_toolkit`), see `build_candle`.
-    let toolkit = crate::cuda_toolkit::ensure(steps, &venv.python())?;
-    binaries.extend(
-        steps.run("build candle's GPU tests (release, stripped)", || {
-            build_candle(&toolkit)
-        })?,
-    );
+    // candle's CUDA half (its tests and the example extension's candle recipes) is opt-in:
+    // candle-kernels compiles candle's quantized and MoE kernels with nvcc, twice (about 20
+    // minutes on 2 cores, more than the rest of the bundle), which a user who wants the GPU
+    // tests of tch, cudarc or the Python package should not wait for.
+    let toolkit = if candle_cuda {
+        Some(crate::cuda_toolkit::ensure(steps, &venv.python())?)
+    } else {
+        steps.skip(
+            "candle's CUDA half (candle_gpu, the example extension's candle recipes)",
+            "opt in with --candle-cuda; test_gpu_candle.py then skips, saying so",
+        );
+        None
+    };
+    if let Some(toolkit) = &toolkit {
+        // Built apart, with a CUDA toolkit (`cuda_toolkit`), see `build_candle`.
+        binaries.extend(
+            steps.run("build candle's GPU tests (release, stripped)", || {
+                build_candle(toolkit)
+            })?,
+        );
+    }
     let mut wheels = build_wheels(steps, &venv)?;
     if bundle.is_some() {
         // The GPU machines run CPython 3.12: the bundle carries both builds, and pip picks
@@ -93,10 +114,13 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
     } else {
         "abi3-py39"
     };
-    let candle_example = steps.run(
-        &format!("build the example extension with candle-cuda ({abi})"),
-        || build_candle_example(&venv, &toolkit, abi),
-    )?;
+    let candle_example = match &toolkit {
+        Some(toolkit) => Some(steps.run(
+            &format!("build the example extension with candle-cuda ({abi})"),
+            || build_candle_example(&venv, toolkit, abi),
+        )?),
+        None => None,
+    };
     let mut python = Python {
         wheels,
         tests: root().join(PYTHON_CRATE).join("tests"),
@@ -107,37 +131,41 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
             // The example extension the bundle installs is the one with the candle recipes
             // (a superset of the ordinary one: every other recipe is the same code), since
             // one interpreter can import only one `tensorbridge_example`.
-            python.wheels.retain(|w| !is_example_wheel(w));
-            python.wheels.push(candle_example);
+            if let Some(candle_example) = candle_example {
+                python.wheels.retain(|w| !is_example_wheel(w));
+                python.wheels.push(candle_example);
+            }
             // The bench groups for the GPU machine: the GPU ones (feature `gpu`) and the CPU
             // ones, so that they are measured on the same quiet host in the same run.
             let benches = steps.run("build the benches (release, stripped)", || {
                 build_benches(&libtorch)
             })?;
             steps.run(&format!("bundle into {}", dir.display()), || {
-                write_bundle(dir, &binaries, &python)?;
+                write_bundle(dir, &binaries, &python, candle_cuda)?;
                 write_benches(dir, &benches)
             })
         }
         None => {
             let site = ci::install_wheels(steps, &venv)?;
-            // In place of the ordinary example extension, as in the bundle.
-            steps.cmd(
-                "python: install the example extension with candle-cuda",
-                venv.python_cmd()
-                    .args([
-                        "-m",
-                        "pip",
-                        "install",
-                        "--disable-pip-version-check",
-                        "--no-index",
-                        "--no-deps",
-                        "--upgrade",
-                        "--target",
-                    ])
-                    .arg(&site)
-                    .arg(&candle_example),
-            )?;
+            if let Some(candle_example) = &candle_example {
+                // In place of the ordinary example extension, as in the bundle.
+                steps.cmd(
+                    "python: install the example extension with candle-cuda",
+                    venv.python_cmd()
+                        .args([
+                            "-m",
+                            "pip",
+                            "install",
+                            "--disable-pip-version-check",
+                            "--no-index",
+                            "--no-deps",
+                            "--upgrade",
+                            "--target",
+                        ])
+                        .arg(&site)
+                        .arg(candle_example),
+                )?;
+            }
             let smoke = python.tests.join("test_native_smoke.py");
             let gpu = python.tests.join("gpu");
             let mut paths = vec![smoke.as_path()];
@@ -146,7 +174,8 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
             }
             let gpu_suite = steps.cmd(
                 "python: pytest (GPU suite)",
-                &mut ci::pytest_cmd(&venv, &site, &python.tests, &paths),
+                ci::pytest_cmd(&venv, &site, &python.tests, &paths)
+                    .env(CANDLE_ENV, if candle_cuda { "1" } else { "0" }),
             );
             let mut failed = Vec::new();
             for bin in &binaries {
@@ -547,7 +576,12 @@ fn copy_tests(from: &Path, to: &Path) -> Result<()> {
 
 /// Makes `dir` afresh with the binaries, the wheel, the Python tests and a `run.sh` that runs
 /// them all.
-fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<()> {
+fn write_bundle(
+    dir: &Path,
+    binaries: &[TestBinary],
+    python: &Python,
+    candle_cuda: bool,
+) -> Result<()> {
     if dir.exists() {
         // Only replace what is clearly a bundle (or nothing): never wipe someone's folder.
         let is_empty = fs::read_dir(dir)
@@ -585,7 +619,7 @@ fn write_bundle(dir: &Path, binaries: &[TestBinary], python: &Python) -> Result<
     }
     let run_sh = dir.join("run.sh");
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
-    fs::write(&run_sh, run_script(&names))
+    fs::write(&run_sh, run_script(&names, candle_cuda))
         .with_context(|| format!("writing {}", run_sh.display()))?;
     let libpath = dir.join("libpath.sh");
     fs::write(&libpath, LIBPATH_SH).with_context(|| format!("writing {}", libpath.display()))?;
@@ -648,10 +682,16 @@ fn format_size(bytes: u64) -> String {
 /// installs the wheel into `py/` and runs the Python GPU suite with `PYTHONPATH` (pytest's
 /// arguments come from `PYTEST_ARGS`).
 /// The bundle's `run.sh`, from `xtask/templates/run.sh` with the binaries' names.
-fn run_script(names: &[&str]) -> String {
+/// Tells the Python GPU suite whether the example extension carries its candle recipes
+/// (`1`) or the bundle was built without `--candle-cuda` (`0`: `test_gpu_candle.py` skips,
+/// saying so, instead of failing on an extension it was never meant to find).
+const CANDLE_ENV: &str = "TB_GPU_CANDLE";
+
+fn run_script(names: &[&str], candle_cuda: bool) -> String {
     include_str!("../templates/run.sh")
         .replace("@BINARIES@", &names.join(" "))
         .replace("@PYTHON_TESTS@", BUNDLE_PYTHON_TESTS)
+        .replace("@CANDLE@", if candle_cuda { "1" } else { "0" })
 }
 
 #[cfg(test)]
@@ -667,8 +707,13 @@ mod tests {
 
     #[test]
     fn scripts_are_filled_and_parse() {
-        let run = run_script(&["gpu", "cudarc_gpu"]);
+        let run = run_script(&["gpu", "cudarc_gpu"], false);
         assert!(run.contains("binaries=(gpu cudarc_gpu)"), "{run}");
+        assert!(
+            run.contains(&format!("{CANDLE_ENV}=\"${{{CANDLE_ENV}:-0}}\"")),
+            "{run}"
+        );
+        assert!(run_script(&[], true).contains(&format!("${{{CANDLE_ENV}:-1}}")));
         assert!(run.contains(&format!("$here/{BUNDLE_PYTHON_TESTS}")));
         for (name, text) in [
             ("run.sh", run.as_str()),

@@ -9,6 +9,9 @@ set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=libpath.sh
 . "$here/libpath.sh"
+# Whether this bundle was built with --candle-cuda (the example extension's candle recipes and
+# candle_gpu): test_gpu_candle.py skips, saying so, when it was not.
+export TB_GPU_CANDLE="${TB_GPU_CANDLE:-@CANDLE@}"
 # The binaries are stripped: error backtraces would be lists of <unknown>.
 export RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}"
 

@@ -8,9 +8,11 @@ candle (sharing the memory through ``tensorbridge_candle::export_leaked``) must 
 values. Each direction has its control with the ordering left out, which must read stale data:
 it proves the race is real, so the ordered runs prove something.
 
-Needs the extension built with ``candle-cuda`` (``cargo xtask test-gpu`` builds it so, and
-its bundle carries that build): without it these tests fail (they do not skip), since a GPU
-bundle that lacks them has not tested candle. So does an extension that cannot be imported:
+Needs the extension built with ``candle-cuda`` (``cargo xtask test-gpu --candle-cuda`` builds
+it so, and its bundle carries that build): without it these tests fail (they do not skip),
+since a GPU bundle that lacks them has not tested candle, unless the bundle says it was built
+without that opt-in (``TB_GPU_CANDLE=0``, written by ``test-gpu`` into ``run.sh``): then they
+skip with that reason. So does an extension that cannot be imported:
 the candle build links libcuda, cuBLAS, cuRAND and the CUDA runtime, and a library missing
 from the loader's path is an ``ImportError``, which must not pass for a skip.
 
@@ -19,9 +21,17 @@ timed (the ``warm`` fixture): making a candle device costs milliseconds of host 
 would otherwise count as the host waiting.
 """
 
+import os
 import time
 
 import pytest
+
+if os.environ.get("TB_GPU_CANDLE") == "0":
+    pytest.skip(
+        "the GPU bundle was built without --candle-cuda (candle's CUDA half is opt-in): "
+        "candle on the GPU was not tested",
+        allow_module_level=True,
+    )
 
 torch = pytest.importorskip("torch")
 try:
