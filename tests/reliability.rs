@@ -3,7 +3,7 @@
 //! threads at once.
 //!
 //! `TB_SOAK_ITERS` sets the soak's round trips (default 20 000, a few seconds in a debug
-//! build; the 1e6 run is `TB_SOAK_ITERS=1000000 cargo test --release -p
+//! build; the long run, 1e6, is `TB_SOAK_ITERS=1000000 cargo test --release -p
 //! tensorbridge-integration --test reliability`).
 
 use std::ptr::NonNull;

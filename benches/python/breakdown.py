@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where `tb.asview(torch CUDA tensor)` and the three-tensor call spend their time, next to
-what the peers spend (docs/BENCHMARKS.md explains the misses of issue 17's targets with it).
+what the peers spend (docs/BENCHMARKS.md explains the misses of the per-call targets with it).
 
 Each line is the median host time of one Python-visible piece, timed alternately in blocks
 with the others (`compare.paired_ns`): the call into the extension and the View alone

@@ -38,7 +38,7 @@
 //!   and without a stream to order on, not safely for a consumer on another stream either.
 //!   Needed upstream, in CubeCL: "register an external allocation (pointer, size, owner
 //!   released when the handle dies)" and "run on this `CUstream` / wait on this event"
-//!   (burn issue #3964 asks for the DLPack interop this would give).
+//!   (burn has no DLPack interop; these two are what it would be built on).
 //! - **burn's libtorch backend** (`burn-tch`) wraps a `tch::Tensor` (`TchTensor::new`, the
 //!   public `tensor` field), so `tensorbridge-tch` already converts its tensors, zero-copy.
 //!   But burn-tch is deprecated in burn 0.23 and its last release, 0.22.1, requires tch 0.22

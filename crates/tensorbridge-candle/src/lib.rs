@@ -63,8 +63,8 @@
 //!   `CudaStream::upgrade_device_ptr` makes an *owning* `CudaSlice` whose `Drop` frees the
 //!   memory (`cuMemFreeAsync`), and `CudaStorage::wrap_cuda_slice` takes only such a slice.
 //!   Needed upstream: in cudarc, an externally managed slice that does not free on drop and
-//!   holds an owner instead (cudarc issues #295 and #519; the PR that made the raw pointer
-//!   public, #556, was closed unmerged); in candle, a `CudaStorage` constructor that takes
+//!   holds an owner instead (cudarc 0.19 has none, and `CudaSlice`'s fields are crate-private, so
+//!   no such slice can be built outside cudarc); in candle, a `CudaStorage` constructor that takes
 //!   one, e.g. `CudaStorage::from_foreign(ptr, len, dtype, device, owner)`.
 //! - **Strided memory cannot enter candle.** `Tensor::from_storage` always builds contiguous
 //!   strides (candle-core `tensor.rs`, `from_storage`), and `Layout`-taking constructors are

@@ -53,8 +53,8 @@
 //!   for DLPack `bool`, `f16`/`bf16` and complex with the core's `half` and `num-complex`
 //!   features). ndarray's `bool` is not one: foreign memory may hold bytes other than 0 and 1.
 //! - ndarray cannot own foreign memory: its storage traits are sealed, so a tensor from
-//!   another owner is only ever viewed, never turned into an `Array` (upstream: ndarray PR
-//!   #1306, a storage type that holds a foreign owner, still a draft).
+//!   another owner is only ever viewed, never turned into an `Array` (upstream: ndarray
+//!   0.17 has no storage type that holds a foreign owner; one was proposed, not merged).
 //! - [`view_mut`] is `unsafe` for the reason the core's `host_view_mut` is: a [`Tensor`] is
 //!   cheap to clone and cannot promise that nobody else reads or writes meanwhile.
 //!

@@ -1,4 +1,4 @@
-//! Every public entry works as the first CUDA call of a process (issue: saving the caller's
+//! Every public entry works as the first CUDA call of a process (the bug: saving the caller's
 //! context called `cuCtxGetCurrent` before `cuInit`, which fails with
 //! `CUDA_ERROR_NOT_INITIALIZED`). This binary re-runs itself once per entry, in a fresh
 //! process whose first CUDA call is that entry (the variable `TB_FIRST_CALL` names it).

@@ -59,7 +59,7 @@ static EMPTY_TARGET: EmptyTarget = EmptyTarget([0; 64]);
 
 /// The address a NumPy consumer is given for an array of `shape` at `address`: `address`, or,
 /// for a zero-size array at the null address, [`EMPTY_TARGET`]'s. NumPy before 2.4 reads `data: (0, ...)` as "no data" and takes
-/// the object for a scalar (numpy#26037, fixed by numpy#29338), so `np.asarray` of the view of
+/// the object for a scalar (NumPy 2.4 no longer does), so `np.asarray` of the view of
 /// an empty PyTorch tensor (PyTorch gives empty tensors a null pointer) raised `TypeError`
 /// there. The Rust [`ArrayInterface`] keeps the tensor's own address; only the dict, which is
 /// what NumPy reads, carries the stand-in. The CUDA Array Interface keeps its rule (0 for

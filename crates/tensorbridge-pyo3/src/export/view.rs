@@ -186,7 +186,7 @@ enum CapsuleFormat {
 }
 
 /// Refuses layouts with a negative stride on a dimension that has more than one element:
-/// torch 2.11's `from_dlpack` aborts the process on them (pytorch #188023), and a producer
+/// torch 2.11's `from_dlpack` aborts the process on them (no exception to catch), and a producer
 /// cannot tell its consumers apart.
 pub(crate) fn refuse_negative_strides(t: &Tensor) -> Result<()> {
     if t.numel() == 0 {
