@@ -1,4 +1,4 @@
-"""Issue 26, item 6 (host): access is never wider than the producer allows ([access]).
+"""Host memory: access is never wider than the producer allows ([access]).
 
 JAX and TensorFlow hand their arrays over as legacy DLPack capsules, which have no
 read-only flag; tensorbridge imported every legacy capsule read-write, so
@@ -46,21 +46,21 @@ def assert_writable_and_shared(tb, x, ptr, values_of, what):
 
 
 def test_jax_array_is_read_only(tb):
-    """Item 6: a ``jax.numpy`` array (immutable) comes out read-only."""
+    """A ``jax.numpy`` array (immutable) comes out read-only."""
     jnp = pytest.importorskip("jax.numpy")
     j = jnp.arange(6.0)
     assert_read_only(tb, j, lambda: np.asarray(jnp.copy(j)), "a JAX array")
 
 
 def test_jax_legacy_capsule_is_read_only(tb):
-    """Item 6: JAX's own legacy capsule, given raw."""
+    """JAX's own legacy capsule, given raw."""
     jnp = pytest.importorskip("jax.numpy")
     j = jnp.arange(6.0)
     assert_read_only(tb, j.__dlpack__(), lambda: np.asarray(jnp.copy(j)), "JAX's legacy capsule")
 
 
 def test_tf_constant_is_read_only(tb):
-    """Item 6: a ``tf.constant`` comes out read-only (object and raw capsule)."""
+    """A ``tf.constant`` comes out read-only (object and raw capsule)."""
     tf = pytest.importorskip("tensorflow")
     c = tf.constant([1.0, 2.0, 3.0])
     assert_read_only(tb, c, lambda: c.numpy().copy(), "a tf.constant")
@@ -68,7 +68,7 @@ def test_tf_constant_is_read_only(tb):
 
 
 def test_legacy_capsule_from_an_unknown_producer_is_read_only(tb):
-    """Item 6: a legacy capsule whose producer tensorbridge does not know (hand-made here):
+    """A legacy capsule whose producer tensorbridge does not know (hand-made here):
     it cannot say read-only, so it is taken read-only."""
     buf = aligned_numpy((16,), np.float32, fill=np.arange(16))
     h = HandMadeCapsule(data=buf.ctypes.data, shape=(16,), strides=(1,), versioned=False, keep=buf)

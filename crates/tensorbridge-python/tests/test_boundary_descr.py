@@ -1,4 +1,4 @@
-"""Issue 26, item 3: no unbounded recursion over foreign data ([refuse]).
+"""No unbounded recursion over foreign data ([refuse]).
 
 ``descr`` in ``__array_interface__`` and ``__cuda_array_interface__`` was parsed recursively:
 a cyclic list (``d = []; d.append(("x", d))``) or one nested 10**5 deep overflowed the stack
@@ -74,5 +74,5 @@ def case_nested_descr(which, kind):
 @pytest.mark.parametrize("kind", DESCRS)
 @pytest.mark.parametrize("which", ["array", "cuda"])
 def test_nested_descr_is_refused_cleanly(which, kind):
-    """Item 3 / [refuse]: cyclic and deeply nested ``descr`` give TypeError/ValueError."""
+    """[refuse]: cyclic and deeply nested ``descr`` give TypeError/ValueError."""
     run_case(__file__, "case_nested_descr", which, kind)

@@ -1,4 +1,4 @@
-"""Issue 26, item 4: an address nothing can verify is never trusted from an arbitrary class
+"""An address nothing can verify is never trusted from an arbitrary class
 (design: "Only the CAPSULE form of the exchange table (``__dlpack_c_exchange_api__``) is
 trusted; a bare int (``__c_dlpack_exchange_api__``) from an arbitrary class is never
 dereferenced"; [refuse]).
@@ -110,7 +110,7 @@ def case_int_attribute(spec, attribute, with_dlpack):
 @pytest.mark.parametrize("with_dlpack", [False, True], ids=["bare", "with_dlpack"])
 @pytest.mark.parametrize("spec", INT_VALUES)
 def test_int_exchange_attribute_is_never_dereferenced(spec, with_dlpack):
-    """Item 4: ``__c_dlpack_exchange_api__`` as an int on an arbitrary class: no crash, no
+    """``__c_dlpack_exchange_api__`` as an int on an arbitrary class: no crash, no
     call into what it points at."""
     run_case(__file__, "case_int_attribute", spec, "__c_dlpack_exchange_api__", with_dlpack)
 
@@ -132,7 +132,7 @@ OTHER_CASES = {
 
 @pytest.mark.parametrize("attribute", list(OTHER_CASES))
 def test_other_exchange_attribute_values_are_refused_cleanly(attribute):
-    """Item 4: values of the wrong type in either attribute (an int in the capsule's place
+    """Values of the wrong type in either attribute (an int in the capsule's place
     too): a typed exception or the class's own ``__dlpack__``, never a crash, and nothing
     the attribute points at is called."""
     run_case(__file__, "case_other_values", attribute, OTHER_CASES[attribute])
@@ -167,7 +167,7 @@ def case_foreign_capsule(which, with_dlpack):
 @pytest.mark.parametrize("with_dlpack", [False, True], ids=["bare", "with_dlpack"])
 @pytest.mark.parametrize("which", CAPSULES)
 def test_exchange_capsule_on_a_class_that_is_not_its_producer(which, with_dlpack):
-    """Item 4: a capsule of the right name on a class that is not the producer: the table's
+    """A capsule of the right name on a class that is not the producer: the table's
     functions are called with an object they do not know, and must refuse it; no crash.
     (A capsule is trusted: the counting table's functions may be called, and fail.)"""
     if which == "torch":

@@ -1,4 +1,4 @@
-"""Issue 26, item 9 (the smaller ones), each with the invariant it checks:
+"""The smaller boundary checks, each with the invariant it checks:
 
 - [type] only facts about the TYPE are cached, and a type that is not PyTorch's own class
   re-verifies its protocol attributes: a ``torch.Tensor`` subclass that gains a
@@ -53,7 +53,7 @@ def case_subclass_gains_dlpack_later():
 
 
 def test_torch_subclass_that_gains_dlpack_later_is_asked_through_it():
-    """Item 9 / [type]: the override is seen on the next import (a fresh interpreter, so the
+    """[type]: the override is seen on the next import (a fresh interpreter, so the
     per-type cache is empty and not full)."""
     pytest.importorskip("torch")
     run_case(__file__, "case_subclass_gains_dlpack_later")
@@ -108,12 +108,12 @@ def case_edited_own_export(edit_name, versioned):
 @pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_edited_own_export_is_checked_against_its_extent(edit, versioned):
-    """Item 9 / [span]: refused when the edit reaches outside the export, accepted inside."""
+    """[span]: refused when the edit reaches outside the export, accepted inside."""
     run_case(__file__, "case_edited_own_export", edit, versioned)
 
 
 def test_read_only_flag_cleared_on_our_export_stays_read_only(tb):
-    """Item 9 / [access] (found by ``test_adversarial.py``'s own-exports family): a consumer
+    """[access] (found by ``test_adversarial.py``'s own-exports family): a consumer
     that clears ``READ_ONLY`` on our versioned export of a read-only view does not get a
     writable view back."""
     from tbhelpers import capsule_struct
@@ -140,7 +140,7 @@ def read_only_view(tb):
 
 
 def test_read_only_view_through_tvm_ffi_and_back_with_asview(tb):
-    """Item 9 / [access]: ``tvm_ffi.from_dlpack(view)`` drops READ_ONLY; ``tb.asview`` of
+    """[access]: ``tvm_ffi.from_dlpack(view)`` drops READ_ONLY; ``tb.asview`` of
     the result overlaps a live read-only export and must be read-only."""
     tvm_ffi = pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
     v, data = read_only_view(tb)
@@ -153,7 +153,7 @@ def test_read_only_view_through_tvm_ffi_and_back_with_asview(tb):
 
 
 def test_read_only_view_through_tvm_ffi_and_back_through_the_exchange_table(tb):
-    """Item 9 / [access]: a tvm-ffi function returning its argument converts the result with
+    """[access]: a tvm-ffi function returning its argument converts the result with
     the View's own ``managed_tensor_to_py_object_no_sync``: still read-only."""
     tvm_ffi = pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
     echo = tvm_ffi.get_global_func("testing.echo")
@@ -183,7 +183,7 @@ def test_writable_view_through_tvm_ffi_stays_writable(tb):
 
 @pytest.mark.parametrize("kind", ["parameter", "leaf"])
 def test_tensor_requiring_grad_is_a_read_only_view(tb, kind):
-    """Item 9 / [access]: accepted (it used to be refused with BufferError), zero-copy,
+    """[access]: accepted (it used to be refused with BufferError), zero-copy,
     read-only; a write through the view is refused and the tensor keeps its values."""
     torch = pytest.importorskip("torch")
     base = torch.arange(6, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Issue 26, item 1: a span that comes from a foreign description lies inside memory the
+"""A span that comes from a foreign description lies inside memory the
 exporter owns ([span]).
 
 An ``__array_interface__`` whose ``data`` is a buffer-protocol object names a buffer; a
@@ -40,7 +40,7 @@ def _dict(data, shape, typestr="|u1", **extra):
 
 # name -> (where the guard page is, builder(g: Guarded) -> the object tb.asview is given)
 CASES = {
-    # the issue's own case: reversed, so buf is the last byte; overran 15 bytes
+    # the simplest case: reversed, so buf is the last byte; overran 15 bytes
     "reversed_memoryview": ("end", lambda g: AI(_dict(g.mv[::-1], (16,)))),
     # every other byte, reversed: buf is the last byte, len 8; overran 7 bytes
     "reversed_memoryview_step2": ("end", lambda g: AI(_dict(g.mv[::-2], (8,)))),
@@ -101,13 +101,13 @@ def case_guarded_import(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_buffer_spans_stay_inside_the_exporter(name):
-    """Item 1 / [span]: the view a buffer-backed description gives lies inside the
+    """[span]: the view a buffer-backed description gives lies inside the
     exporter's memory (or the description is refused with a typed exception)."""
     run_case(__file__, "case_guarded_import", name)
 
 
-def test_the_issues_bytearray_case_in_process(tb):
-    """Item 1, the issue's reproduction verbatim: a 16-byte ``bytearray`` and ``data =
+def test_reversed_memoryview_of_a_bytearray_in_process(tb):
+    """The simplest case, in this process: a 16-byte ``bytearray`` and ``data =
     memoryview(ba)[::-1]``. Refused, or a view inside the bytearray (no bytes are read)."""
     ba = bytearray(range(16))
     lo = ctypes.addressof((ctypes.c_char * 16).from_buffer(ba))

@@ -1,4 +1,4 @@
-"""Issue 26, item 2: a view of a PyTorch tensor pins the tensor's STORAGE, not the tensor
+"""A view of a PyTorch tensor pins the tensor's STORAGE, not the tensor
 object ([owner]).
 
 The fast import kept only the tensor object alive. Rebinding that object to other memory
@@ -57,7 +57,7 @@ def case_rebind_under_view(how, n):
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("how", REBINDS)
 def test_view_survives_rebinding_its_tensor(how, size):
-    """Item 2 / [owner]: after ``swap_tensors`` / ``set_`` / ``.data =`` and ``del u``, the
+    """[owner]: after ``swap_tensors`` / ``set_`` / ``.data =`` and ``del u``, the
     view's memory is still valid and holds the values it had."""
     pytest.importorskip("torch")
     run_case(__file__, "case_rebind_under_view", how, SIZES[size])

@@ -1,4 +1,4 @@
-"""The per-call fast paths of the import (issue: per-call overhead), each checked against the
+"""The per-call fast paths of the import, each checked against the
 general path it stands in for, field by field, on the same memory:
 
 - a NumPy ``ndarray`` (exactly that type) is read through the buffer protocol instead of

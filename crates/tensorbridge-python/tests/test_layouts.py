@@ -5,7 +5,7 @@ Each layout is a NumPy view of one 64-byte aligned 4x6 float32 buffer, imported 
 a write checked) or refuses with a clean Python exception whose type and message are the ones
 measured in the CI venv (numpy 2.4.6, torch 2.11, jax 0.10.2, tensorflow-cpu 2.21). Nothing
 may crash: the one consumer known to abort the process on some input (torch 2.11 on negative
-DLPack strides, pytorch #188023) is exercised in a child process.
+DLPack strides) is exercised in a child process.
 """
 
 import gc
@@ -156,7 +156,7 @@ def test_torch_negative_strides_never_abort(tb, rows):
 
 def test_torch_negative_strides_abort_without_tensorbridge():
     """The control for the test above: NumPy straight into torch does abort. If this starts
-    passing, torch fixed #188023 and the refusal above can be reconsidered."""
+    passing, torch no longer aborts on them and the refusal above can be reconsidered."""
     pytest.importorskip("torch")
     r = run_isolated(
         "import numpy as np, torch\n"

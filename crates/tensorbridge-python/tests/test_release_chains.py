@@ -11,8 +11,8 @@ import pytest
 
 from tbhelpers import run_isolated, run_release_chains
 
-# The chains the issue reported, spelled out (each also in the matrix below).
-ISSUE_CHAINS = [
+# The chains that crashed before the fix, spelled out (each also in the matrix below).
+CRASHED_CHAINS = [
     "x = torch.zeros(16); v = tb.asview(x); t = torch.from_dlpack(v); w = tb.asview(t); del v, t, w",
     "x = torch.zeros(16); v = tb.asview(x); t = torch.from_dlpack(v); w = tb.asview(t); del v, w, t",
     "x = torch.zeros(16); v = tb.asview(x); t = torch.from_dlpack(v); w = tb.asview(t); del w, t, v",
@@ -25,8 +25,8 @@ ISSUE_CHAINS = [
 ]
 
 
-def test_issue_chains_through_torch():
-    """The reported chains, each released in the order given, in one fresh interpreter
+def test_chains_through_torch_release_the_owner_once():
+    """The chains that crashed, each released in the order given, in one fresh interpreter
     (each snippet prints its number first, so a crash names it); the memory's owner is
     released exactly once, after the last user."""
     pytest.importorskip("torch")
@@ -42,7 +42,7 @@ if "x" in globals():
     gc.collect()
 assert done == [1], ({k}, done)
 """
-        for k, snippet in enumerate(ISSUE_CHAINS)
+        for k, snippet in enumerate(CRASHED_CHAINS)
     )
     r = run_isolated(
         "import gc, weakref, numpy as np, torch, tensorbridge as tb\n"
@@ -52,7 +52,7 @@ assert done == [1], ({k}, done)
     ran = [line for line in r.stdout.splitlines() if line.startswith("SNIPPET ")]
     assert r.returncode == 0, (
         f"rc {r.returncode} in {ran[-1] if ran else '?'}: "
-        f"{ISSUE_CHAINS[int(ran[-1].split()[1])] if ran else ''}\n{r.stderr[-3000:]}"
+        f"{CRASHED_CHAINS[int(ran[-1].split()[1])] if ran else ''}\n{r.stderr[-3000:]}"
     )
     assert r.stdout.split()[-1] == "ok"
 

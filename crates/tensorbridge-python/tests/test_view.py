@@ -76,7 +76,7 @@ def test_empty_view_at_null_reaches_numpy(tb, shape):
     """An empty tensor at the null address (PyTorch gives ``torch.empty(0)`` a null
     pointer): its array interface points at a non-null stand-in, since NumPy before 2.4
     reads ``data: (0, ...)`` as "no data" and raised ``TypeError`` for ``np.asarray``
-    (numpy#26037; seen on 1.26 and 2.0). The view itself still says where it is."""
+    (seen on 1.26 and 2.0). The view itself still says where it is."""
     v = tb.from_ptr(0, shape, "float64", device="cpu")
     assert v.ptr == 0
     address, readonly = v.__array_interface__["data"]
@@ -177,7 +177,7 @@ def test_readonly_view_exports_flag_and_refuses_legacy(tb, arr):
 
 def test_readonly_into_legacy_only_consumers_is_refused(tb, arr):
     """TF, and JAX up to 0.11, ask for legacy capsules, which cannot carry READ_ONLY:
-    BufferError, as NumPy itself does for a read-only array (numpy #20742, jax #40789). JAX
+    BufferError, as NumPy itself does for a read-only array. JAX
     0.12 asks for a versioned capsule (``max_version=(1, 3)``), which carries the flag: it
     takes the read-only view, zero-copy (its arrays are immutable anyway)."""
     arr.flags.writeable = False

@@ -1,7 +1,7 @@
-"""Issue 26's GPU items, each naming the invariant it checks (the CPU items are in
+"""The boundary's GPU checks, each naming the invariant it checks (the CPU items are in
 ``../test_boundary_*.py``).
 
-- Item 5, [ready]: readiness names only streams that outlive the tensor. A view of a torch
+- [ready]: readiness names only streams that outlive the tensor. A view of a torch
   tensor made under ``torch.cuda.stream(torch.cuda.ExternalStream(cupy_stream.ptr))`` (with
   ``stream=None``) remembered the external stream's HANDLE; after CuPy destroyed the stream,
   the next consumer ordered itself against whatever stream reused the handle value (on an
@@ -9,10 +9,10 @@
   stream kept busy for ``BUSY_MS``; the consumer must not wait for it (its copy finishes
   while the unrelated stream is still busy) and must read the right values. The control
   makes the consumer wait on that stream explicitly and shows the measurement sees a wait.
-- Item 6 (GPU), [access]: a JAX array is immutable; passed as the OUTPUT of a kernel
+- [access] (GPU): a JAX array is immutable; passed as the OUTPUT of a kernel
   (``tensorbridge_example.axpy``) it is refused (a read-only output), and left unchanged.
   As an input it is fine (the control). A torch tensor that requires grad: the same.
-- Item 8: ``cupy.asarray(tb.asview(a))`` for a CuPy array in managed memory works for every
+- Managed memory: ``cupy.asarray(tb.asview(a))`` for a CuPy array in managed memory works for every
   dtype CuPy has: the view's readiness is an event, which the CUDA Array Interface cannot
   name, and the view used to refuse its ``__cuda_array_interface__`` (CuPy then built an
   object array: "ValueError: Unsupported dtype object"). Same memory, right values, writes
@@ -56,7 +56,7 @@ def spin(cupy):
     return launch
 
 
-# --- item 5: a dead external stream's handle ------------------------------------------------
+# --- a dead external stream's handle ----------------------------------------------------------
 
 
 def _view_on_a_stream_that_dies(torch, cupy):
@@ -110,7 +110,7 @@ def _consume_and_time(torch, v, before=None):
 
 @pytest.mark.parametrize("control", [False, True], ids=["view", "control_explicit_wait"])
 def test_view_does_not_order_against_a_dead_external_stream(torch, cupy, spin, control):
-    """Item 5 / [ready]: after the producer's external stream is destroyed and its handle
+    """[ready]: after the producer's external stream is destroyed and its handle
     reused by a busy, unrelated stream, a consumer of the view does not wait for that stream,
     and reads 7s. The control waits on the unrelated stream on purpose: it must take about
     BUSY_MS, which shows a wait would be seen."""
@@ -142,7 +142,7 @@ def test_view_does_not_order_against_a_dead_external_stream(torch, cupy, spin, c
 
 
 def test_view_of_a_dead_external_stream_is_still_usable(torch, cupy):
-    """Item 5: with no stream reusing the handle, taking the view after its producer stream
+    """With no stream reusing the handle, taking the view after its producer stream
     died raises nothing (a dead handle given to the driver is an error) and reads 7s."""
     v, x, _ = _view_on_a_stream_that_dies(torch, cupy)
     cons = torch.cuda.Stream()
@@ -154,7 +154,7 @@ def test_view_of_a_dead_external_stream_is_still_usable(torch, cupy):
     assert bool(cupy.all(c == 7))
 
 
-# --- item 6 (GPU): immutable producers as kernel outputs --------------------------------------
+# --- immutable producers as kernel outputs ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def ext():
 
 
 def test_jax_array_as_kernel_output_is_refused(ext, torch):
-    """Item 6 / [access]: ``axpy(alpha, x, y)`` writes ``y``; a JAX ``y`` is immutable."""
+    """[access]: ``axpy(alpha, x, y)`` writes ``y``; a JAX ``y`` is immutable."""
     jnp = pytest.importorskip("jax.numpy")
     x = torch.ones(1024, device="cuda")
     y = jnp.zeros((1024,), dtype=jnp.float32)
@@ -198,7 +198,7 @@ def test_tensor_requiring_grad_is_an_input_not_an_output(ext, torch):
     assert bool(torch.all(p.detach() == 3.0))
 
 
-# --- item 8: cupy.asarray of a view of managed memory -----------------------------------------
+# --- cupy.asarray of a view of managed memory -------------------------------------------------
 
 CUPY_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float16", "float32", "float64", "complex64", "complex128"]  # fmt: skip
@@ -223,7 +223,7 @@ def _sample(name, n=64):
 
 @pytest.mark.parametrize("dtype", CUPY_DTYPES)
 def test_cupy_asarray_of_a_view_of_managed_memory(cupy, dtype):
-    """Item 8: zero-copy through the CUDA Array Interface, right dtype and values, writes
+    """Managed memory: zero-copy through the CUDA Array Interface, right dtype and values, writes
     visible through both arrays."""
     values = _sample(dtype)
     a = _managed(cupy, values)

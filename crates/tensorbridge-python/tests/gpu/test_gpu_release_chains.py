@@ -36,8 +36,8 @@ def test_gpu_every_chain_every_release_order(threads):
         "t = torch.from_dlpack(v); w = tb.asview(t); a = cupy.asarray(w); del v, t, w, a",
     ],
 )
-def test_gpu_issue_chains_through_torch(snippet):
-    """The reported chain (a View over a CUDA torch tensor, through torch and back, CuPy
+def test_gpu_chains_through_torch_release_the_tensor_once(snippet):
+    """The chain that crashed (a View over a CUDA torch tensor, through torch and back, CuPy
     last), released in the order that crashed: the tensor is released once, at the end."""
     pytest.importorskip("torch")
     if "cupy" in snippet:
