@@ -170,7 +170,6 @@ fn issue_refs(line: &str, out: &mut Vec<(Rule, String)>) {
         if next.is_some_and(|c| c.is_ascii_alphabetic()) {
             continue;
         }
-        let end = lower.len() - rest.len();
         let in_identifier = before == Some('_') || next == Some('_');
         let numbered = rest
             .trim_start()
@@ -184,8 +183,9 @@ fn issue_refs(line: &str, out: &mut Vec<(Rule, String)>) {
             let start = lower[..at]
                 .rfind(|c: char| c.is_whitespace())
                 .map_or(0, |i| i + 1);
-            let stop = (end + rest.len().min(8)).min(line.len());
-            out.push((Rule::Issue, excerpt(line, start, stop)));
+            // The word and the one after it ("issue 27", "issue's reproduction").
+            let words: Vec<&str> = line[start..].split_whitespace().take(2).collect();
+            out.push((Rule::Issue, words.join(" ")));
         }
     }
 }
