@@ -15,9 +15,11 @@ use super::export::local;
 use super::lifetime::{HOLDERS, Refusal, Registration, SlotFile, has_exited, me};
 use super::wire::{DeviceUuid, Fields, IpcHandle, Memory, ProcessId, SlotRef};
 use super::{Report, report};
+use crate::CaptureStatus;
 use crate::Error;
-use crate::capture::{Capture, capture_of, keep_with_graph};
+use crate::capture::{Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
 use crate::context::{bind, device, device_of_stream};
+use crate::event::Wait;
 use crate::raw::ensure_driver;
 use crate::raw_stream;
 
@@ -286,10 +288,11 @@ fn refusal(r: Refusal, producer: ProcessId) -> Error {
     }
 }
 
-/// Makes `stream` (of `ctx`, current for the call) wait on the device for the producer's
-/// work the event captured. Inside a capture, an external wait that the graph keeps (with the
-/// imported event) for its replays; the legacy default stream during another stream's
-/// capture is refused.
+/// Makes `stream` (of `ctx`) wait on the device for the producer's work the event captured,
+/// by the capture rules every hand-off follows (`capture::plan_wait`, the producer's record
+/// being outside any capture of this process): inside a capture, an external wait that the
+/// graph keeps (with the imported event) for its replays; the legacy default stream during
+/// another stream's capture is refused.
 ///
 /// # Safety
 /// The caller guarantees:
@@ -299,20 +302,21 @@ unsafe fn wait(
     ctx: &CudaContext,
     stream: sys::CUstream,
 ) -> Result<(), Error> {
-    let _bound = bind(ctx)?;
-    // SAFETY: `stream` is live and its context current (obligation 1).
-    let capture = unsafe { capture_of(stream) }?;
-    let flags = match capture {
-        Capture::Implicit => return Err(Error::LegacyDuringCapture),
-        Capture::Active(_) => sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
-        _ => sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+    let capture = {
+        let _bound = bind(ctx)?;
+        // SAFETY: `stream` is live and its context current (obligation 1).
+        unsafe { capture_of(stream) }?
     };
-    // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which
-    // its exporter keeps alive while this process holds the share.
-    Error::check("cuStreamWaitEvent", unsafe {
-        sys::cuStreamWaitEvent(stream, event.raw, flags)
-    })?;
-    if let Capture::Active(active) = capture {
+    let legacy = crate::stream_from_raw(stream) == Stream::LegacyDefault;
+    let plan = plan_wait(CaptureStatus::None, capture, Fork::Refused, legacy)?;
+    let how = match plan {
+        WaitPlan::Wait => Wait::Default,
+        WaitPlan::WaitExternal(_) => Wait::External,
+    };
+    // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which its
+    // exporter keeps alive while this process holds the share.
+    unsafe { event.0.make_wait_in(stream, ctx, how) }?;
+    if let WaitPlan::WaitExternal(active) = plan {
         keep_with_graph(active, Box::new(event.clone()));
     }
     Ok(())

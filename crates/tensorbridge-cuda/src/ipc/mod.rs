@@ -36,7 +36,7 @@
 //!   the consumer does not see is [`Error::IpcDeviceNotVisible`];
 //! - the **producer's pending work**: an interprocess event (`CU_EVENT_INTERPROCESS`)
 //!   recorded, on the producer's GPU, after the tensor's readiness (its producer stream, an
-//!   event, another adapter's signal: a private stream of the producer waits for it first).
+//!   event, another adapter's signal: a stream of the layer's own waits for it first).
 //!   The consumer's stream waits on it (`cuStreamWaitEvent`); neither host blocks. A tensor
 //!   that is ready now carries no event;
 //! - the **lifetime slot** and the **producer**: its pid and start time, the slot's index and
@@ -104,11 +104,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+pub use crate::types::DeviceUuid;
 pub use cuda::device_uuid;
 pub use export::{Shared, export};
 pub use import::{import, import_raw};
 pub use lifetime::{HOLDERS, MAX_CONSUMERS};
-pub use wire::{DeviceUuid, IpcHandle, MAX_NDIM, ProcessId, VERSION};
+pub use wire::{IpcHandle, MAX_NDIM, ProcessId, VERSION};
 
 #[cfg(doc)]
 use crate::Error;
