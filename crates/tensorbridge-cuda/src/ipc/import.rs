@@ -452,3 +452,17 @@ pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor,
 fn consumer_acquire(x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
     consumer().acquire(x, ordinal)
 }
+
+/// A retirement that never completes, counted as [`Lease`]'s drop counts one (the count goes
+/// back when the guard drops): what a hold whose owner is kept for ever looks like.
+#[cfg(test)]
+pub(super) fn leak_retirement() -> impl Drop {
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            RETIRING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    RETIRING.fetch_add(1, Ordering::SeqCst);
+    Counted
+}
