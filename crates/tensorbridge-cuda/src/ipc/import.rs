@@ -302,11 +302,10 @@ unsafe fn wait(
     ctx: &CudaContext,
     stream: sys::CUstream,
 ) -> Result<(), Error> {
-    let capture = {
-        let _bound = bind(ctx)?;
-        // SAFETY: `stream` is live and its context current (obligation 1).
-        unsafe { capture_of(stream) }?
-    };
+    // Bound for both calls (the wait binds it again, which then costs no switch).
+    let _bound = bind(ctx)?;
+    // SAFETY: `stream` is live and its context current (obligation 1).
+    let capture = unsafe { capture_of(stream) }?;
     let legacy = crate::stream_from_raw(stream) == Stream::LegacyDefault;
     let plan = plan_wait(CaptureStatus::None, capture, Fork::Refused, legacy)?;
     let how = match plan {
