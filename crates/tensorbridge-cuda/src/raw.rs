@@ -84,6 +84,8 @@ pub(crate) unsafe fn driver_version() -> Result<i32, Error> {
 }
 
 /// Devices: ordinals, the count, UUIDs. These need no context, only an initialised driver.
+/// (Used by `ipc`, which is Linux only.)
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) mod device {
     use std::mem::MaybeUninit;
 
@@ -563,6 +565,7 @@ pub(crate) mod mem {
     /// # Safety
     /// 0. libcuda is loaded and initialised (the module docs);
     /// 1. a context is current on the calling thread. `ptr` is only looked up.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) unsafe fn address_range(
         ptr: sys::CUdeviceptr,
     ) -> Result<(sys::CUdeviceptr, usize), Error> {
@@ -581,6 +584,7 @@ pub(crate) mod mem {
     /// # Safety
     /// 0. libcuda is loaded and initialised (the module docs);
     /// 1. a handle returned is released once ([`release`]). `addr` is only looked up.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) unsafe fn retain_allocation_handle(
         addr: usize,
     ) -> Result<sys::CUmemGenericAllocationHandle, Error> {
@@ -599,6 +603,7 @@ pub(crate) mod mem {
     /// 0. libcuda is loaded and initialised (the module docs);
     /// 1. the caller holds the reference given back ([`retain_allocation_handle`]'s), and
     ///    gives it back once.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) unsafe fn release(handle: sys::CUmemGenericAllocationHandle) -> Result<(), Error> {
         // SAFETY: obligations 0 and 1.
         Error::check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
@@ -606,6 +611,8 @@ pub(crate) mod mem {
 }
 
 /// Legacy CUDA IPC: memory and event handles another process of the machine can open.
+/// (Mostly used by `ipc`, which is Linux only.)
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) mod ipc {
     use std::mem::MaybeUninit;
 
