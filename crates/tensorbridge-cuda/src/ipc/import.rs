@@ -140,7 +140,8 @@ impl Drop for Lease {
             },
             ReleaseOn::Cudarc(stream) => crate::retire_on(stream, owner),
         }
-        super::wake_reaper();
+        // No `wake_reaper`: the retire queue's threads release the hold when the device is
+        // done (the ipc reaper moves only the shares in limbo, which this is not).
     }
 }
 

@@ -298,7 +298,8 @@ mod tests {
     #[test]
     fn a_leaked_retirement_does_not_keep_the_reaper_alive() {
         // A hold whose retirement never completes (its owner kept for ever: see `retire.rs`'s
-        // `Kept::leak`), counted as `Lease::drop` counts one, and the reaper woken as it is.
+        // `Kept::leak`), counted as `Lease::drop` counts one, and the reaper woken (as a
+        // share going to limbo wakes it).
         let _leaked = import::leak_retirement();
         assert!(collect() >= 1, "the leaked hold counts as waiting");
         wake_reaper();

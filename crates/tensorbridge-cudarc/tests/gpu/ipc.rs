@@ -326,8 +326,8 @@ fn consumer(role: &str, say: &dyn Fn(&str, &dyn std::fmt::Display)) -> Result<()
                 ipc::collect() >= 1,
                 "the hold kept with the graph counts as waiting"
             );
-            // The reaper started when the tensor was dropped; a second later it must have
-            // stopped (it polled every 50 ms for ever before).
+            // A second later no ipc reaper may be running (one started when the tensor was
+            // dropped, and polled every 50 ms for ever, before).
             std::thread::sleep(Duration::from_secs(1));
             say("reapers", &reapers());
             // The hold is kept for good: exit without waiting for it (as `child` would).
