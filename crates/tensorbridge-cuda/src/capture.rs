@@ -128,8 +128,8 @@ pub(crate) fn plan_wait(
 }
 
 /// The driver's version as `cuDriverGetVersion` reports it (12030 for CUDA 12.3); 0 when it
-/// cannot say.
-fn driver_version() -> i32 {
+/// cannot say. Asked once.
+pub(crate) fn driver_version() -> i32 {
     static VERSION: OnceLock<i32> = OnceLock::new();
     *VERSION.get_or_init(|| {
         // SAFETY: libcuda is loaded (callers run after `ensure_driver` or hold a cudarc

@@ -19,7 +19,14 @@ use crate::types::raw_stream;
 pub(crate) struct DeviceCtx {
     ctx: Arc<CudaContext>,
     /// Spare events of this context, one list per kind of event the event module makes.
-    pub(crate) spare_events: [Mutex<Vec<raw::event::Handle>>; 2],
+    pub(crate) spare_events: [Mutex<Vec<SpareEvent>>; 3],
+}
+
+/// A pooled event: its handle, and for an interprocess event the IPC handle the driver gave
+/// it (asked once, when the event was made).
+pub(crate) struct SpareEvent {
+    pub(crate) raw: raw::event::Handle,
+    pub(crate) ipc_handle: Option<[u8; 64]>,
 }
 
 impl DeviceCtx {
@@ -54,7 +61,7 @@ pub(crate) fn device(ordinal: u32) -> Result<Arc<DeviceCtx>, Error> {
     };
     let dev = Arc::new(DeviceCtx {
         ctx,
-        spare_events: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+        spare_events: std::array::from_fn(|_| Mutex::new(Vec::new())),
     });
     devices.push((ordinal, dev.clone()));
     Ok(dev)

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::{DriverError, sys};
 use tensorbridge::Device;
 
-use crate::ipc::DeviceUuid;
-use crate::types::{CaptureStatus, MemoryType};
+use crate::types::{CaptureStatus, DeviceUuid, MemoryType};
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
 /// core's refusals (layout, alignment, dtype, read-only...) pass through unchanged as

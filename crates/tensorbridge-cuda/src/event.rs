@@ -1,18 +1,23 @@
 //! Events: a `CU_EVENT_DISABLE_TIMING` event (the cheapest kind; with
-//! `CU_EVENT_BLOCKING_SYNC` too for events a thread waits on), borrowed from its device's pool
-//! when it belongs to a primary context, and the two ways a stream waits on one.
+//! `CU_EVENT_BLOCKING_SYNC` too for events a thread waits on, `CU_EVENT_INTERPROCESS` for
+//! events another process waits on, kept with their IPC handle), borrowed from its device's
+//! pool when it belongs to a primary context, another process's interprocess event opened
+//! here, and the two ways a stream waits on one.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{CudaContext, sys};
 
-use crate::context::{DeviceCtx, bind, device, relaxed};
+use crate::context::{DeviceCtx, SpareEvent, bind, device, relaxed};
 use crate::error::Error;
 use crate::raw;
 
-/// Events kept per device for reuse; more are destroyed when returned.
+/// Events kept per device and kind for reuse; more are destroyed when returned.
 const POOL_CAP: usize = 256;
+/// Interprocess events kept per device: each waits in the pool only once every consumer of
+/// the share it was recorded for has let go, and shares come and go in bursts.
+const INTERPROCESS_POOL_CAP: usize = 1024;
 
 /// A CUDA event created with `CU_EVENT_DISABLE_TIMING` (and its [`Kind`]'s flags), borrowed
 /// from a device's pool when its context is that device's primary context, made and
@@ -21,6 +26,9 @@ pub(crate) struct Event {
     raw: sys::CUevent,
     kind: Kind,
     home: Home,
+    /// An interprocess event's IPC handle (`cuIpcGetEventHandle`, asked once when the event
+    /// was made, or the handle it was opened from); `None` for the other kinds.
+    ipc_handle: Option<[u8; 64]>,
 }
 
 /// What an event is for, which decides its flags (and its pool).
@@ -31,6 +39,10 @@ pub(crate) enum Kind {
     /// Waited on by a host thread: `CU_EVENT_BLOCKING_SYNC` too, so `cuEventSynchronize`
     /// puts the thread to sleep instead of spinning a core.
     BlockingSync,
+    /// Waited on by another process (`ipc`): `CU_EVENT_INTERPROCESS` too, with its IPC
+    /// handle. Re-recorded only once no consumer can wait on its earlier record.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    Interprocess,
 }
 
 impl Kind {
@@ -39,6 +51,7 @@ impl Kind {
         match self {
             Kind::Plain => timing,
             Kind::BlockingSync => timing | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32,
+            Kind::Interprocess => timing | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32,
         }
     }
 
@@ -47,6 +60,15 @@ impl Kind {
         match self {
             Kind::Plain => 0,
             Kind::BlockingSync => 1,
+            Kind::Interprocess => 2,
+        }
+    }
+
+    /// How many spare events of this kind a device keeps.
+    fn cap(self) -> usize {
+        match self {
+            Kind::Plain | Kind::BlockingSync => POOL_CAP,
+            Kind::Interprocess => INTERPROCESS_POOL_CAP,
         }
     }
 }
@@ -72,15 +94,45 @@ impl Event {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
-        let raw = match reused {
-            Some(raw::event::Handle(raw)) => raw,
+        let (raw, ipc_handle) = match reused {
+            Some(SpareEvent {
+                raw: raw::event::Handle(raw),
+                ipc_handle,
+            }) => (raw, ipc_handle),
             None => create(dev.ctx(), kind)?,
         };
         Ok(Event {
             raw,
             kind,
             home: Home::Pool(dev.clone()),
+            ipc_handle,
         })
+    }
+
+    /// Another process's interprocess event, opened in `ctx` from its IPC handle
+    /// (`cuIpcOpenEventHandle`); destroyed (never pooled) when dropped. Its exporter keeps the
+    /// event itself alive as long as it must.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn open_interprocess(
+        ctx: &Arc<CudaContext>,
+        handle: &[u8; 64],
+    ) -> Result<Event, Error> {
+        let _bound = bind(ctx)?;
+        // SAFETY: libcuda is loaded (`bind` used it); `ctx` is current (bound above); the
+        // event is destroyed once, by this `Event`'s drop (`Home::Own`), after its last use.
+        let raw = unsafe { raw::ipc::open_event_handle(handle) }?;
+        Ok(Event {
+            raw,
+            kind: Kind::Interprocess,
+            home: Home::Own(ctx.clone()),
+            ipc_handle: Some(*handle),
+        })
+    }
+
+    /// An interprocess event's IPC handle; `None` for the other kinds.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn ipc_handle(&self) -> Option<&[u8; 64]> {
+        self.ipc_handle.as_ref()
     }
 
     /// An event in `ctx`: pooled if `ctx` is its device's primary context, made for it
@@ -98,11 +150,12 @@ impl Event {
                 return Event::pooled_kind(&dev, kind);
             }
         }
-        let raw = create(ctx, kind)?;
+        let (raw, ipc_handle) = create(ctx, kind)?;
         Ok(Event {
             raw,
             kind,
             home: Home::Own(ctx.clone()),
+            ipc_handle,
         })
     }
 
@@ -183,10 +236,13 @@ impl Drop for Event {
                 let mut pool = dev.spare_events[self.kind.pool()]
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                if pool.len() < POOL_CAP {
+                if pool.len() < self.kind.cap() {
                     // Re-recording a pooled event later does not affect waits enqueued on it
                     // before (`cuStreamWaitEvent` captures the event's state at the call).
-                    pool.push(raw::event::Handle(self.raw));
+                    pool.push(SpareEvent {
+                        raw: raw::event::Handle(self.raw),
+                        ipc_handle: self.ipc_handle,
+                    });
                     return;
                 }
                 drop(pool);
@@ -217,11 +273,24 @@ pub(crate) enum Wait {
     External,
 }
 
-/// A new event of `kind` in `ctx`.
-fn create(ctx: &CudaContext, kind: Kind) -> Result<sys::CUevent, Error> {
+/// A new event of `kind` in `ctx`, with its IPC handle for an interprocess event.
+fn create(ctx: &CudaContext, kind: Kind) -> Result<(sys::CUevent, Option<[u8; 64]>), Error> {
     let _bound = bind(ctx)?;
     // SAFETY: libcuda is loaded (`bind` used it); the context is current (bound above).
-    unsafe { raw::event::create(kind.flags()) }
+    let event = unsafe { raw::event::create(kind.flags()) }?;
+    if kind != Kind::Interprocess {
+        return Ok((event, None));
+    }
+    // SAFETY: libcuda is loaded; `event` is the interprocess event made just above.
+    match unsafe { raw::ipc::get_event_handle(event) } {
+        Ok(handle) => Ok((event, Some(handle))),
+        Err(e) => {
+            // SAFETY: libcuda is loaded; `event` was made above in the bound context, and is
+            // destroyed once, here: nothing else has it.
+            let _ = unsafe { raw::event::destroy(event) };
+            Err(e)
+        }
+    }
 }
 
 /// Destroys an event; errors are ignored (this runs in `Drop`, and a failure leaves nothing

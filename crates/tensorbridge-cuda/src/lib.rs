@@ -3,7 +3,7 @@
 //! host), keeps memory alive until the device is done with it, and asks the driver what an
 //! address is. The cudarc, tch and Python adapters all use it; it depends only on the core and
 //! on cudarc's driver bindings, whose `CudaContext` and `CudaStream` are the currency of Rust
-//! CUDA code (and on libc, for the shared-memory files of [`ipc`]).
+//! CUDA code (and on libc, for the shared-memory files of [`ipc`], which is Linux only).
 //!
 //! | what | call | host blocked? |
 //! |---|---|---|
@@ -20,7 +20,7 @@
 //! | graph capture | [`capture_status`] | no |
 //! | stream names | [`stream_of`], [`stream_from_raw`], [`raw_stream`] | no |
 //! | a foreign stream (PyTorch's, CuPy's) as a cudarc stream, for a scope, as long as it lives ([`StreamLife`]) | `unsafe` [`with_stream_raw`] | no |
-//! | a tensor shared with another process of this machine | [`ipc::export`], [`ipc::import`], `unsafe` [`ipc::import_raw`] | no |
+//! | a tensor shared with another process of this machine (Linux) | [`ipc::export`], [`ipc::import`], `unsafe` [`ipc::import_raw`] | no |
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -150,7 +150,8 @@
 
 // The modules, bottom-up: each uses only those above it in this list (cudarc's sys / result /
 // safe split is the model). `raw` is the only one that calls the driver's `cu*` functions.
-// - types:    MemoryType, CaptureStatus, raw stream handles <-> core streams; no driver call
+// - types:    MemoryType, CaptureStatus, DeviceUuid, raw stream handles <-> core streams; no
+//             driver call
 // - release:  releases in flight on the layer's own threads, which `reclaim` may wait for
 // - error:    the one error type
 // - raw:      libcuda's presence and initialisation, checked 1:1 driver calls (`unsafe fn`s)
@@ -162,16 +163,25 @@
 // - retire:   owners kept until a stream's work is done, and the reaper that releases them
 // - scope:    a foreign stream as a cudarc stream for a scope
 // - copy:     device memory of its own, a tensor's bytes copied out after its readiness
-// - lib.rs:   `reclaim`, the re-exports
+// - reclaim:  `reclaim`, what the layer keeps released now, from the calling thread
+// - ipc:      a tensor shared with another process (Linux): on the layers above, its driver
+//             calls through `raw`, its events from `event`'s pool, its ordering through
+//             `handoff` and `capture`; nothing below names it
+// - lib.rs:   the re-exports
+// `tests/it/layers.rs` checks both rules: only raw.rs names `sys::cu*`, and no module uses
+// one below it in this list.
 mod capture;
 mod context;
 pub mod copy;
 mod error;
 mod event;
 mod handoff;
+#[cfg(target_os = "linux")]
+#[cfg_attr(docsrs, doc(cfg(target_os = "linux")))]
 pub mod ipc;
 mod pointer;
 mod raw;
+mod reclaim;
 mod release;
 mod retire;
 mod scope;
@@ -186,33 +196,10 @@ pub use handoff::{
 };
 pub use pointer::{PointerInfo, check_span, check_span_with, inspect};
 pub use raw::driver_present;
+pub use reclaim::reclaim;
 pub use retire::{retire_all_on, retire_all_on_raw, retire_on, retire_on_raw};
 pub use scope::{StreamLife, with_stream_raw};
 pub use types::{CaptureStatus, MemoryType, raw_stream, stream_from_raw, stream_of};
-
-/// Releases, from the calling thread and now, what the layer keeps and no longer needs to:
-/// the keepers of borrowed streams whose last escaped wrapper is gone ([`with_stream_raw`]),
-/// the owners of CUDA graphs since destroyed, and retired owners whose work has finished
-/// (the reaper threads release those anyway, soon after the work ends; a release one of them
-/// has just taken is waited for, up to 20 ms). Returns how many retirements still wait for
-/// device work. The calling thread's
-/// current context is as it was afterwards, whatever the released owners' drops made current
-/// (a cudarc buffer or stream binds its own context to free itself).
-///
-/// Never blocks on the device. Its event queries use the relaxed capture mode, so a CUDA
-/// graph being captured on any thread is not disturbed.
-pub fn reclaim() -> usize {
-    // Without a driver there is nothing to save (the guard is inert) and nothing was retired.
-    let _restore = ContextGuard::save().ok();
-    capture::drain_released();
-    scope::sweep();
-    let pending = retire::sweep();
-    // A release the layer's threads took just before (so not found above) finishes first, if
-    // it does soon: after this returns, what had completed is released. Bounded, since such a
-    // release may wait for something this thread holds (a Python owner, for the GIL).
-    release::wait_idle(std::time::Duration::from_millis(20));
-    pending
-}
 
 // Thread safety of the public types, checked at compile time:
 // - `CudaSignal`: a CUDA event (`Event`'s `unsafe impl`s in `event.rs` say why events may be

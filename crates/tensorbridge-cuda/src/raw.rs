@@ -83,6 +83,59 @@ pub(crate) unsafe fn driver_version() -> Result<i32, Error> {
     Ok(v)
 }
 
+/// Devices: ordinals, the count, UUIDs. These need no context, only an initialised driver.
+/// (Used by `ipc`, which is Linux only.)
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) mod device {
+    use std::mem::MaybeUninit;
+
+    use cudarc::driver::sys;
+
+    use crate::error::Error;
+
+    /// `cuDeviceGet`: the device the driver calls `ordinal` (refused when there is none).
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs).
+    pub(crate) unsafe fn get(ordinal: i32) -> Result<sys::CUdevice, Error> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: obligation 0; the driver writes one int through a pointer to a live local.
+        Error::check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        Ok(dev)
+    }
+
+    /// `cuDeviceGetCount`: how many devices this process sees.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs).
+    pub(crate) unsafe fn count() -> Result<i32, Error> {
+        let mut n = 0;
+        // SAFETY: obligation 0; the driver writes one int through a pointer to a live local.
+        Error::check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+        Ok(n)
+    }
+
+    /// `cuDeviceGetUuid_v2`: the device's 16-byte UUID.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs), and the driver has the entry
+    ///    point (version 11040 or later: cudarc panics on a missing symbol);
+    /// 1. `dev` is a device the driver named ([`get`]).
+    pub(crate) unsafe fn uuid(dev: sys::CUdevice) -> Result<[u8; 16], Error> {
+        let mut uuid = MaybeUninit::<sys::CUuuid>::zeroed();
+        // SAFETY: obligations 0 and 1; the driver writes 16 bytes into a live local.
+        Error::check("cuDeviceGetUuid_v2", unsafe {
+            sys::cuDeviceGetUuid_v2(uuid.as_mut_ptr(), dev)
+        })?;
+        // SAFETY: zero-initialised plain bytes (every bit pattern is valid), written by the
+        // successful call.
+        let uuid = unsafe { uuid.assume_init() };
+        Ok(uuid.bytes.map(|b| b as u8))
+    }
+}
+
 /// Contexts: the calling thread's current context and its device.
 pub(crate) mod ctx {
     use std::mem::MaybeUninit;
@@ -505,5 +558,156 @@ pub(crate) mod mem {
                 stream,
             )
         })
+    }
+
+    /// `cuMemGetAddressRange_v2`: the start and size of the allocation that contains `ptr`.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread. `ptr` is only looked up.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) unsafe fn address_range(
+        ptr: sys::CUdeviceptr,
+    ) -> Result<(sys::CUdeviceptr, usize), Error> {
+        let mut start: sys::CUdeviceptr = 0;
+        let mut len: usize = 0;
+        // SAFETY: obligations 0 and 1; the driver writes two values into live locals.
+        Error::check("cuMemGetAddressRange", unsafe {
+            sys::cuMemGetAddressRange_v2(&mut start, &mut len, ptr)
+        })?;
+        Ok((start, len))
+    }
+
+    /// `cuMemRetainAllocationHandle`: the virtual-memory allocation handle of the mapping
+    /// that contains `addr`, retained (refused for memory that is not such a mapping).
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a handle returned is released once ([`release`]). `addr` is only looked up.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) unsafe fn retain_allocation_handle(
+        addr: usize,
+    ) -> Result<sys::CUmemGenericAllocationHandle, Error> {
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: obligations 0 and 1; the driver writes one handle through a pointer to a
+        // live local and never dereferences `addr`.
+        Error::check("cuMemRetainAllocationHandle", unsafe {
+            sys::cuMemRetainAllocationHandle(&mut handle, addr as *mut std::ffi::c_void)
+        })?;
+        Ok(handle)
+    }
+
+    /// `cuMemRelease`: gives back one reference to a virtual-memory allocation handle.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. the caller holds the reference given back ([`retain_allocation_handle`]'s), and
+    ///    gives it back once.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) unsafe fn release(handle: sys::CUmemGenericAllocationHandle) -> Result<(), Error> {
+        // SAFETY: obligations 0 and 1.
+        Error::check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
+    }
+}
+
+/// Legacy CUDA IPC: memory and event handles another process of the machine can open.
+/// (Mostly used by `ipc`, which is Linux only.)
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) mod ipc {
+    use std::mem::MaybeUninit;
+
+    use cudarc::driver::sys;
+
+    use crate::error::Error;
+
+    /// `cuIpcGetMemHandle`: the 64-byte handle of the allocation that starts at `base`.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread (the allocation's). `base` is only
+    ///    looked up: an address that starts no allocation is refused by the driver, not
+    ///    misused.
+    pub(crate) unsafe fn get_mem_handle(base: sys::CUdeviceptr) -> Result<[u8; 64], Error> {
+        let mut h = MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        // SAFETY: obligations 0 and 1; the driver writes 64 bytes into a live local.
+        Error::check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(h.as_mut_ptr(), base)
+        })?;
+        // SAFETY: zero-initialised plain bytes, written by the successful call.
+        Ok(unsafe { h.assume_init() }.reserved.map(|b| b as u8))
+    }
+
+    /// `cuIpcOpenMemHandle_v2`: maps the allocation `handle` names into the current context
+    /// and returns its address there. A handle that names nothing is refused by the driver.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread (the one to map into);
+    /// 2. the mapping is closed once ([`close_mem_handle`]), in that context, after every use
+    ///    of it.
+    pub(crate) unsafe fn open_mem_handle(
+        handle: &[u8; 64],
+        flags: u32,
+    ) -> Result<sys::CUdeviceptr, Error> {
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: obligations 0 to 2; the driver reads the handle by value and writes one
+        // address into a live local.
+        Error::check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut base, h, flags)
+        })?;
+        Ok(base)
+    }
+
+    /// `cuIpcCloseMemHandle`: unmaps what [`open_mem_handle`] mapped.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. the context the mapping was opened in is current;
+    /// 2. `base` came from [`open_mem_handle`], is closed once, and nothing uses the mapping
+    ///    afterwards (no view of it is left, no device work on it is pending).
+    pub(crate) unsafe fn close_mem_handle(base: sys::CUdeviceptr) -> Result<(), Error> {
+        // SAFETY: obligations 0 to 2.
+        Error::check("cuIpcCloseMemHandle", unsafe {
+            sys::cuIpcCloseMemHandle(base)
+        })
+    }
+
+    /// `cuIpcGetEventHandle`: the 64-byte handle of an interprocess event.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. `event` is a live event made with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`
+    ///    (the driver refuses other events).
+    pub(crate) unsafe fn get_event_handle(event: sys::CUevent) -> Result<[u8; 64], Error> {
+        let mut h = MaybeUninit::<sys::CUipcEventHandle>::zeroed();
+        // SAFETY: obligations 0 and 1; the driver writes 64 bytes into a live local.
+        Error::check("cuIpcGetEventHandle", unsafe {
+            sys::cuIpcGetEventHandle(h.as_mut_ptr(), event)
+        })?;
+        // SAFETY: zero-initialised plain bytes, written by the successful call.
+        Ok(unsafe { h.assume_init() }.reserved.map(|b| b as u8))
+    }
+
+    /// `cuIpcOpenEventHandle`: another process's interprocess event, opened in the current
+    /// context. A handle that names nothing is refused by the driver.
+    ///
+    /// # Safety
+    /// 0. libcuda is loaded and initialised (the module docs);
+    /// 1. a context is current on the calling thread;
+    /// 2. the event is destroyed once ([`super::event::destroy`]), after every use of it.
+    pub(crate) unsafe fn open_event_handle(handle: &[u8; 64]) -> Result<sys::CUevent, Error> {
+        let h = sys::CUipcEventHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: obligations 0 to 2; the driver reads the handle by value and writes one
+        // event into a live local.
+        Error::check("cuIpcOpenEventHandle", unsafe {
+            sys::cuIpcOpenEventHandle(&mut raw, h)
+        })?;
+        Ok(raw)
     }
 }

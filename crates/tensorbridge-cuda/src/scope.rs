@@ -76,9 +76,10 @@ impl std::fmt::Debug for StreamLife {
 /// Wrappers that outlived their scope, each with what keeps its stream alive.
 static ESCAPED: Mutex<Vec<(Arc<CudaStream>, Owner)>> = Mutex::new(Vec::new());
 
-/// This crate's own streams lent in place of call-only streams, free for the next call, per
-/// context: non-blocking streams made by this crate and never destroyed (an escaped clone of
-/// one stays valid for the life of the process).
+/// This crate's own streams, free for the next call, per context: non-blocking streams made
+/// by this crate and never destroyed (an escaped clone of one stays valid for the life of the
+/// process), lent in place of call-only streams and taken for the layer's own work
+/// ([`with_spare`]: the interprocess events of `ipc`).
 static SPARE: Mutex<Vec<Arc<CudaStream>>> = Mutex::new(Vec::new());
 
 /// Own streams whose wrapper escaped a scope: back to [`SPARE`] when the last clone is gone.
@@ -314,6 +315,20 @@ fn spare_stream(ctx: &Arc<CudaContext>, want: CaptureStatus) -> Result<Arc<CudaS
     // crate destroys it, and the wrapper, not owning it, does not either. Work on it is
     // ordered with the callers' streams by the fork and join of each call.
     Ok(unsafe { ctx.wrap_borrowed_stream(handle) })
+}
+
+/// Runs `f` on a stream of this crate in `ctx` that no capture uses (a spare, or a new one),
+/// and gives the stream back after. For the layer's own ordering work, which needs a stream
+/// no caller enqueues on.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) fn with_spare<R>(
+    ctx: &Arc<CudaContext>,
+    f: impl FnOnce(&Arc<CudaStream>) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let own = spare_stream(ctx, CaptureStatus::None)?;
+    let out = f(&own);
+    give_back(own);
+    out
 }
 
 /// Returns one of this crate's streams after a call: to the spares, or, while clones of the

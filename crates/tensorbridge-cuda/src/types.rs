@@ -1,7 +1,7 @@
 //! The layer's plain values, below everything else: what the driver says memory is
 //! ([`MemoryType`]), what a stream is doing with respect to graph capture
-//! ([`CaptureStatus`]), and the one conversion between raw stream handles and the core's
-//! [`Stream`]. No driver call here.
+//! ([`CaptureStatus`]), a GPU's name across processes ([`DeviceUuid`]), and the one
+//! conversion between raw stream handles and the core's [`Stream`]. No driver call here.
 
 use std::fmt;
 
@@ -63,6 +63,33 @@ impl fmt::Display for CaptureStatus {
                 f.write_str("the legacy default stream during a CUDA graph capture")
             }
         }
+    }
+}
+
+/// A GPU's UUID, as the driver reports it (`cuDeviceGetUuid_v2`): what names a GPU across
+/// processes, whose ordinals differ (`CUDA_VISIBLE_DEVICES`). Prints as `nvidia-smi -L` does:
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+// Named publicly as `ipc::DeviceUuid`; elsewhere only the field of an `ipc` error.
+#[cfg_attr(not(target_os = "linux"), allow(unreachable_pub))]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceUuid(pub [u8; 16]);
+
+impl fmt::Display for DeviceUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GPU-")?;
+        for (i, b) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DeviceUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -159,6 +159,8 @@ mod import;
 mod kernel;
 mod owner;
 mod python;
+// CUDA IPC and its `/dev/shm` lifetime files: Linux only, as the CUDA layer's `ipc`.
+#[cfg(target_os = "linux")]
 mod share;
 
 use pyo3::prelude::*;
@@ -331,6 +333,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     export::exchange::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
     m.add_function(wrap_pyfunction!(python::from_ptr, m)?)?;
+    #[cfg(target_os = "linux")]
     share::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -15,9 +15,11 @@ use super::export::local;
 use super::lifetime::{HOLDERS, Refusal, Registration, SlotFile, has_exited, me};
 use super::wire::{DeviceUuid, Fields, IpcHandle, Memory, ProcessId, SlotRef};
 use super::{Report, report};
+use crate::CaptureStatus;
 use crate::Error;
-use crate::capture::{Capture, capture_of, keep_with_graph};
+use crate::capture::{Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
 use crate::context::{bind, device, device_of_stream};
+use crate::event::Wait;
 use crate::raw::ensure_driver;
 use crate::raw_stream;
 
@@ -138,7 +140,8 @@ impl Drop for Lease {
             },
             ReleaseOn::Cudarc(stream) => crate::retire_on(stream, owner),
         }
-        super::wake_reaper();
+        // No `wake_reaper`: the retire queue's threads release the hold when the device is
+        // done (the ipc reaper moves only the shares in limbo, which this is not).
     }
 }
 
@@ -286,10 +289,11 @@ fn refusal(r: Refusal, producer: ProcessId) -> Error {
     }
 }
 
-/// Makes `stream` (of `ctx`, current for the call) wait on the device for the producer's
-/// work the event captured. Inside a capture, an external wait that the graph keeps (with the
-/// imported event) for its replays; the legacy default stream during another stream's
-/// capture is refused.
+/// Makes `stream` (of `ctx`) wait on the device for the producer's work the event captured,
+/// by the capture rules every hand-off follows (`capture::plan_wait`, the producer's record
+/// being outside any capture of this process): inside a capture, an external wait that the
+/// graph keeps (with the imported event) for its replays; the legacy default stream during
+/// another stream's capture is refused.
 ///
 /// # Safety
 /// The caller guarantees:
@@ -299,20 +303,20 @@ unsafe fn wait(
     ctx: &CudaContext,
     stream: sys::CUstream,
 ) -> Result<(), Error> {
+    // Bound for both calls (the wait binds it again, which then costs no switch).
     let _bound = bind(ctx)?;
     // SAFETY: `stream` is live and its context current (obligation 1).
     let capture = unsafe { capture_of(stream) }?;
-    let flags = match capture {
-        Capture::Implicit => return Err(Error::LegacyDuringCapture),
-        Capture::Active(_) => sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32,
-        _ => sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+    let legacy = crate::stream_from_raw(stream) == Stream::LegacyDefault;
+    let plan = plan_wait(CaptureStatus::None, capture, Fork::Refused, legacy)?;
+    let how = match plan {
+        WaitPlan::Wait => Wait::Default,
+        WaitPlan::WaitExternal(_) => Wait::External,
     };
-    // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which
-    // its exporter keeps alive while this process holds the share.
-    Error::check("cuStreamWaitEvent", unsafe {
-        sys::cuStreamWaitEvent(stream, event.raw, flags)
-    })?;
-    if let Capture::Active(active) = capture {
+    // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which its
+    // exporter keeps alive while this process holds the share.
+    unsafe { event.0.make_wait_in(stream, ctx, how) }?;
+    if let WaitPlan::WaitExternal(active) = plan {
         keep_with_graph(active, Box::new(event.clone()));
     }
     Ok(())
@@ -447,4 +451,18 @@ pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor,
 
 fn consumer_acquire(x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
     consumer().acquire(x, ordinal)
+}
+
+/// A retirement that never completes, counted as [`Lease`]'s drop counts one (the count goes
+/// back when the guard drops): what a hold whose owner is kept for ever looks like.
+#[cfg(test)]
+pub(super) fn leak_retirement() -> impl Drop {
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            RETIRING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    RETIRING.fetch_add(1, Ordering::SeqCst);
+    Counted
 }

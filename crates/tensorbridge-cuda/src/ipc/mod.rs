@@ -36,7 +36,7 @@
 //!   the consumer does not see is [`Error::IpcDeviceNotVisible`];
 //! - the **producer's pending work**: an interprocess event (`CU_EVENT_INTERPROCESS`)
 //!   recorded, on the producer's GPU, after the tensor's readiness (its producer stream, an
-//!   event, another adapter's signal: a private stream of the producer waits for it first).
+//!   event, another adapter's signal: a stream of the layer's own waits for it first).
 //!   The consumer's stream waits on it (`cuStreamWaitEvent`); neither host blocks. A tensor
 //!   that is ready now carries no event;
 //! - the **lifetime slot** and the **producer**: its pid and start time, the slot's index and
@@ -55,8 +55,8 @@
 //!    tensor is dropped, the lease is kept (this crate's retire queue) until the work enqueued
 //!    by then on the stream it was opened on has run, so the producer never gets back memory a
 //!    consumer kernel may still read. When the last lease has run out, the mapping is closed
-//!    and the holder entry given back. Neither host waits for the device: the retire queue is
-//!    polled ([`crate::reclaim`], and a reaper thread while anything is pending).
+//!    and the holder entry given back. Neither host waits for the device: the retire queue's
+//!    threads sleep until the device is done ([`crate::reclaim`] releases what is done now).
 //! 3. Death is detected, not trusted away: a holder whose process has exited (pid gone, a
 //!    zombie, or a pid now naming a process with another start time) is taken back by the
 //!    producer and reported ([`Report::ConsumerDied`]); a producer that has exited is refused
@@ -100,15 +100,17 @@ mod import;
 mod lifetime;
 mod wire;
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+pub use crate::types::DeviceUuid;
 pub use cuda::device_uuid;
 pub use export::{Shared, export};
 pub use import::{import, import_raw};
 pub use lifetime::{HOLDERS, MAX_CONSUMERS};
-pub use wire::{DeviceUuid, IpcHandle, MAX_NDIM, ProcessId, VERSION};
+pub use wire::{IpcHandle, MAX_NDIM, ProcessId, VERSION};
 
 #[cfg(doc)]
 use crate::Error;
@@ -153,9 +155,14 @@ fn report(r: Report) {
         ),
     };
     // Once per kind and process on stderr, as PyTorch warns about its own shares; every
-    // occurrence in `reports()`.
+    // occurrence in `reports()`. Written, not `eprintln!`ed: this runs on the reaper thread
+    // too, and `eprintln!` panics when stderr is a pipe nobody reads (EPIPE), which would end
+    // the thread with `RUNNING` still set. A report that cannot be written is dropped.
     if !WARNED[i].swap(true, Ordering::Relaxed) {
-        eprintln!("tensorbridge: {text} (further reports: tensorbridge_cuda::ipc::reports)");
+        let _ = writeln!(
+            std::io::stderr(),
+            "tensorbridge: {text} (further reports: tensorbridge_cuda::ipc::reports)"
+        );
     }
     let mut reports = REPORTS.lock().unwrap_or_else(PoisonError::into_inner);
     if reports.len() == REPORTS_CAP {
@@ -173,16 +180,30 @@ pub fn reports() -> Vec<Report> {
 /// Moves shares along without blocking: releases the holds whose consumer work has run (this
 /// crate's [`reclaim`](crate::reclaim)), gives back their holder entries, and frees the
 /// shares in limbo that no consumer holds any more. Returns how many are still waiting.
-/// A reaper thread calls it while anything waits; call it to move sooner.
+/// A reaper thread moves the shares in limbo while any waits; call it to move sooner.
 pub fn collect() -> usize {
     crate::reclaim();
     export::collect() + import::retiring()
 }
 
-/// Starts the reaper thread unless it runs: it calls [`collect`] until nothing waits, napping
+/// What the reaper thread moves, and how many shares still wait for it: [`collect`] without
+/// the holds retiring in this process. Those are released by the layer's retire reapers
+/// (asleep until the device is done) or with the CUDA graph that keeps them, and some never
+/// are (a retirement whose owner is kept for ever because nothing proves the device is done
+/// with it): polling cannot move them, so they must not keep this thread alive. What it
+/// polls are the shares in limbo, whose holders are other processes, which nothing here can
+/// wait on.
+fn reap() -> usize {
+    crate::reclaim();
+    export::collect()
+}
+
+/// Whether the reaper thread runs (set before it starts, cleared as it exits).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Starts the reaper thread unless it runs: it calls [`reap`] until nothing waits, napping
 /// 1 ms, then longer (up to 50 ms) while work stays pending, and exits when nothing does.
 fn wake_reaper() {
-    static RUNNING: AtomicBool = AtomicBool::new(false);
     if RUNNING.swap(true, Ordering::SeqCst) {
         return;
     }
@@ -191,12 +212,12 @@ fn wake_reaper() {
         .spawn(|| {
             let mut nap = Duration::from_millis(1);
             loop {
-                if collect() == 0 {
+                if reap() == 0 {
                     RUNNING.store(false, Ordering::SeqCst);
                     // Work that arrived between the count and the store found RUNNING set and
                     // did not start a thread: look once more, and go on if it is there and no
                     // other reaper has started since.
-                    if collect() == 0 || RUNNING.swap(true, Ordering::SeqCst) {
+                    if reap() == 0 || RUNNING.swap(true, Ordering::SeqCst) {
                         return;
                     }
                 }
@@ -207,5 +228,94 @@ fn wake_reaper() {
     if spawned.is_err() {
         // No thread: the next export, import or collect moves things along instead.
         RUNNING.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Set in the child process of [`a_report_on_a_broken_stderr_is_dropped`].
+    const CHILD: &str = "TENSORBRIDGE_TEST_REPORT_CHILD";
+
+    #[test]
+    fn a_report_on_a_broken_stderr_is_dropped() {
+        if std::env::var_os(CHILD).is_some() {
+            // The child: stderr is a pipe whose read end is closed. Both kinds are written
+            // once (the first of each kind goes to stderr), from a thread as on the reaper.
+            let reporter = std::thread::spawn(|| {
+                report(Report::ConsumerDied { pid: 1 });
+                report(Report::ProducerGone { pid: 2 });
+            });
+            assert!(reporter.join().is_ok(), "report panicked");
+            assert_eq!(
+                reports(),
+                [
+                    Report::ConsumerDied { pid: 1 },
+                    Report::ProducerGone { pid: 2 }
+                ]
+            );
+            return;
+        }
+        let (reader, writer) = std::io::pipe().unwrap();
+        // Closed before the child starts: each write to its stderr fails with EPIPE (Rust
+        // ignores SIGPIPE, so the write returns the error instead of killing the process).
+        drop(reader);
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ipc::tests::a_report_on_a_broken_stderr_is_dropped",
+                // The harness would capture `eprintln!` output; the report must meet the pipe.
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .stdout(Stdio::piped())
+            .stderr(writer)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "expected the child to report and pass with a broken stderr, found {:?}: {stdout}",
+            out.status
+        );
+    }
+
+    /// Threads of this process named as the reaper (`comm` keeps 15 bytes of a name).
+    fn reapers() -> usize {
+        let name = &"tensorbridge-ipc-reaper"[..15];
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn a_leaked_retirement_does_not_keep_the_reaper_alive() {
+        // A hold whose retirement never completes (its owner kept for ever: see `retire.rs`'s
+        // `Kept::leak`), counted as `Lease::drop` counts one, and the reaper woken (as a
+        // share going to limbo wakes it).
+        let _leaked = import::leak_retirement();
+        assert!(collect() >= 1, "the leaked hold counts as waiting");
+        wake_reaper();
+        // The reaper clears `RUNNING` as it exits (it set its thread's name when it started).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (RUNNING.load(Ordering::SeqCst) || reapers() > 0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            !RUNNING.load(Ordering::SeqCst),
+            "expected the reaper to stop when only a retirement it cannot move is left"
+        );
+        assert_eq!(
+            reapers(),
+            0,
+            "expected the reaper to exit when only a retirement it cannot move is left"
+        );
     }
 }

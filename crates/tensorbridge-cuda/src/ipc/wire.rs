@@ -43,6 +43,9 @@ use std::fmt;
 use tensorbridge::{Access, DType, Descriptor, Device, Packing, RawTensor};
 
 use crate::Error;
+// The UUID is a plain value of the layer's bottom (`types`); named here for the decoder and the
+// other files of `ipc`.
+pub(crate) use crate::types::DeviceUuid;
 
 /// The first eight bytes of every handle.
 pub(crate) const MAGIC: [u8; 8] = *b"TBSHARE\0";
@@ -70,31 +73,6 @@ const FLAG_READONLY: u32 = 1;
 const FLAG_EVENT: u32 = 1 << 1;
 const FLAG_PADDED: u32 = 1 << 2;
 const KNOWN_FLAGS: u32 = FLAG_READONLY | FLAG_EVENT | FLAG_PADDED;
-
-/// A GPU's UUID, as the driver reports it (`cuDeviceGetUuid_v2`): what names a GPU across
-/// processes, whose ordinals differ (`CUDA_VISIBLE_DEVICES`). Prints as `nvidia-smi -L` does:
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceUuid(pub [u8; 16]);
-
-impl fmt::Display for DeviceUuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GPU-")?;
-        for (i, b) in self.0.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
-            }
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for DeviceUuid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
 
 /// A process, told apart from a later one that reuses its id by its start time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

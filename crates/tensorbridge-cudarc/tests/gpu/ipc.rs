@@ -313,6 +313,26 @@ fn consumer(role: &str, say: &dyn Fn(&str, &dyn std::fmt::Display)) -> Result<()
             let seen = to_host(&c, out.ptr, N)?;
             say("wrong", &wrong(&seen, &affine(N, 2.0, 1.0)));
         }
+        "leak" => {
+            let t = ipc::import(&handle, &c)?;
+            // Dropped inside a capture of `c`: the hold is kept with the graph, which is
+            // never destroyed (forgotten), so its retirement never completes.
+            c.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+            drop(t);
+            // SAFETY: zero is the default flag set (no bits).
+            let flags = unsafe { std::mem::transmute::<u32, sys::CUgraphInstantiate_flags>(0) };
+            std::mem::forget(c.end_capture(flags)?);
+            ensure!(
+                ipc::collect() >= 1,
+                "the hold kept with the graph counts as waiting"
+            );
+            // A second later no ipc reaper may be running (one started when the tensor was
+            // dropped, and polled every 50 ms for ever, before).
+            std::thread::sleep(Duration::from_secs(1));
+            say("reapers", &reapers());
+            // The hold is kept for good: exit without waiting for it (as `child` would).
+            std::process::exit(0);
+        }
         "hold" => {
             let t = ipc::import(&handle, &c)?;
             say("held", &std::process::id());
@@ -322,6 +342,19 @@ fn consumer(role: &str, say: &dyn Fn(&str, &dyn std::fmt::Display)) -> Result<()
         other => bail!("unknown role {other}"),
     }
     Ok(())
+}
+
+/// Threads of this process named as the ipc reaper (`comm` keeps 15 bytes of a name).
+fn reapers() -> usize {
+    let name = &"tensorbridge-ipc-reaper"[..15];
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|comm| comm.trim_end() == name)
+                .count()
+        })
+        .unwrap_or(usize::MAX)
 }
 
 // ---- the producer's tests ----
@@ -488,6 +521,32 @@ fn ipc_a_killed_consumer_is_reaped_and_reported() -> Result<()> {
     peer.child.wait()?;
     eventually(|| counter.drops() == 1).context("the dead consumer's hold was never taken back")?;
     assert!(ipc::reports().contains(&Report::ConsumerDied { pid }));
+    Ok(())
+}
+
+#[test]
+fn ipc_a_hold_kept_for_ever_does_not_keep_the_reaper_polling() -> Result<()> {
+    let _serial = serial();
+    let ctx = context(0)?;
+    let k = Kernels::load(&ctx)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let (t, _) = producer(&ctx, &k, &a, &counter, (2.0, 1.0, 0))?;
+    let shared = ipc::export(&t, 1)?;
+    drop(t);
+    let mut peer = Peer::spawn("leak")?;
+    peer.send(shared.handle().as_bytes())?;
+    let running: usize = peer.expect("reapers")?.parse()?;
+    ensure!(
+        running == 0,
+        "expected the consumer's ipc reaper to stop when only a hold kept with a graph is left, found {running} running"
+    );
+    peer.finish()?;
+    drop(shared);
+    // The consumer exited holding the share: taken back, reported, freed once.
+    eventually(|| counter.drops() == 1)
+        .context("the exited consumer's hold was never taken back")?;
+    let _ = ipc::reports();
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod contexts;
 mod devices;
 mod dtypes;
 mod graphs;
+#[cfg(target_os = "linux")]
 mod ipc;
 mod kernels;
 mod roundtrip;
