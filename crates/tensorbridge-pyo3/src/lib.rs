@@ -327,6 +327,8 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// Adds `View`, `asview` and `from_ptr` to a Python module (what the `tensorbridge` wheel's
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The exit's gate (`ffi::exit`): no thread of ours takes the GIL once CPython finalises.
+    ffi::exit::install(m.py());
     m.add_class::<View>()?;
     export::exchange::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;
