@@ -126,6 +126,15 @@
 //! threads consuming one capsule, exactly one gets the tensor and the others a
 //! `BufferError`. A free-threaded interpreter needs a build of this crate without `abi3`.
 //!
+//! # Interpreter exit
+//! Every call that releases the GIL (copies, host waits, `share`, `open`) and every thread
+//! that takes the GIL to release a Python owner (the reapers, deleters called from C) passes
+//! a gate that an `atexit` function closes before CPython finalises: the exit waits (up to
+//! 1 s for work still running) until they hold the GIL again or have given it back, and after
+//! that nothing of this crate asks for the GIL from a thread that does not hold it, so
+//! CPython (3.13 and older) never ends a thread with `pthread_exit` under our frames. The gate
+//! is installed by [`register`] and by the first import or GIL-released call.
+//!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
 //!   [`import_on_raw`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a
