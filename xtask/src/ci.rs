@@ -535,6 +535,7 @@ pub(crate) fn build_wheels_py312(steps: &mut Steps, venv: &Venv) -> Result<Vec<P
 fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Result<Vec<PathBuf>> {
     let out = wheels_dir(abi);
     let (glibc_major, glibc_minor) = MANYLINUX;
+    let libgcc_s = system_libgcc_s()?;
     let mut built = Vec::new();
     for (folder, _, prefix) in WHEELS {
         for old in wheels_in(&out, prefix)? {
@@ -566,6 +567,16 @@ fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Resul
                 .args(["--no-default-features", "--features", feature])
                 .env("PYO3_NO_PYTHON", "1");
         }
+        // One unwinder: zig replaces `-lgcc_s` (which Rust's std asks for) with a static copy
+        // of LLVM's libunwind, hidden in the module, while glibc's `pthread_exit` and
+        // `pthread_cancel` unwind with libgcc_s. A forced unwind through our frames then
+        // handed libgcc_s's context to libunwind's accessors from Rust's personality routine
+        // (SIGSEGV at exit). Given libgcc_s itself, zig links it and leaves its own copy out;
+        // `check_manylinux` checks the result (`one_unwinder`).
+        maturin
+            .arg("--")
+            .arg("-C")
+            .arg(format!("link-arg={}", libgcc_s.display()));
         steps.cmd(
             &format!(
                 "python: maturin build {folder} {}",
@@ -584,9 +595,133 @@ fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Resul
     Ok(built)
 }
 
+/// The build machine's `libgcc_s.so.1` (as its C compiler finds it), which the wheels link
+/// (`build_wheels_into`). Every manylinux system has it; its `_Unwind_*` symbols carry GCC
+/// 3.x / 4.2 versions, which every manylinux policy allows.
+fn system_libgcc_s() -> Result<PathBuf> {
+    let out = Command::new("cc")
+        .arg("-print-file-name=libgcc_s.so.1")
+        .output()
+        .context(
+            "running `cc -print-file-name=libgcc_s.so.1` (a C compiler is needed to find libgcc_s)",
+        )?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || !path.is_absolute() || !path.is_file() {
+        bail!(
+            "the C compiler found no libgcc_s.so.1 (it answered {:?}); the wheels link it so \
+             that they use one unwinder",
+            path
+        );
+    }
+    path.canonicalize()
+        .with_context(|| format!("resolving {}", path.display()))
+}
+
+/// Symbol prefixes of an unwinder's implementation: the `_Unwind_*` ABI and LLVM libunwind's
+/// own `__unw_*` / `unw_*` entry points.
+const UNWINDER_SYMBOLS: &[&str] = &["_Unwind_", "__unw_", "unw_"];
+
+/// Whether a wheel's extension module uses exactly one unwinder, the system's: it depends on
+/// `libgcc_s.so.1` (what glibc's `pthread_exit` unwinds with) and defines no unwinder of its
+/// own, exported or hidden (`defined`: every defined symbol, local ones included), nor holds
+/// LLVM libunwind's messages (`libunwind_text`: a stripped copy). The problems, in words.
+fn one_unwinder(needed: &[&str], defined: &[&str], libunwind_text: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !needed.contains(&"libgcc_s.so.1") {
+        problems.push(format!(
+            "does not depend on libgcc_s.so.1 (NEEDED: {}): Rust's panics would unwind with \
+             another unwinder than glibc's pthread_exit",
+            needed.join(", ")
+        ));
+    }
+    let own: Vec<&str> = defined
+        .iter()
+        .copied()
+        .filter(|s| UNWINDER_SYMBOLS.iter().any(|p| s.starts_with(p)))
+        .collect();
+    if !own.is_empty() {
+        problems.push(format!(
+            "defines its own unwinder ({}{}): two unwinders would meet in one unwind",
+            own.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+            if own.len() > 4 { ", ..." } else { "" }
+        ));
+    }
+    if libunwind_text {
+        problems.push("holds LLVM libunwind's messages (\"libunwind: \"): a bundled copy".into());
+    }
+    problems
+}
+
+/// [`one_unwinder`] on every extension module in `wheel` (unpacked by the environment's
+/// Python into a scratch folder, read with binutils' `readelf` and `nm`).
+fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
+    let scratch = env::temp_dir().join(format!("tensorbridge-unwinder-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let unpack = "import sys, zipfile\n\
+                  z = zipfile.ZipFile(sys.argv[1])\n\
+                  for n in z.namelist():\n    \
+                      if n.endswith('.so'): print(z.extract(n, sys.argv[2]))\n";
+    let out = venv
+        .python_cmd()
+        .args(["-c", unpack])
+        .arg(wheel)
+        .arg(&scratch)
+        .output()
+        .context("unpacking the wheel")?;
+    if !out.status.success() {
+        bail!(
+            "unpacking {}: {}",
+            wheel.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let modules: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect();
+    if modules.is_empty() {
+        bail!("{} holds no extension module", wheel.display());
+    }
+    let mut problems = Vec::new();
+    for module in &modules {
+        let tool = |program: &str, args: &[&str]| -> Result<String> {
+            let out = Command::new(program)
+                .args(args)
+                .arg(module)
+                .output()
+                .with_context(|| format!("running {program} (binutils)"))?;
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let dynamic = tool("readelf", &["-dW"])?;
+        let needed: Vec<&str> = dynamic
+            .lines()
+            .filter(|l| l.contains("(NEEDED)"))
+            .filter_map(|l| l.split_once('[')?.1.split_once(']').map(|(n, _)| n))
+            .collect();
+        // The full symbol table (hidden symbols included) and the dynamic one (a stripped
+        // module has only that).
+        let symbols = tool("nm", &["--defined-only"])? + &tool("nm", &["-D", "--defined-only"])?;
+        let defined: Vec<&str> = symbols
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .collect();
+        let bytes = fs::read(module).with_context(|| format!("reading {}", module.display()))?;
+        let text = bytes.windows(11).any(|w| w == b"libunwind: ");
+        for p in one_unwinder(&needed, &defined, text) {
+            problems.push(format!("{}: {p}", module.display()));
+        }
+    }
+    let _ = fs::remove_dir_all(&scratch);
+    if !problems.is_empty() {
+        bail!("{}:\n  {}", wheel.display(), problems.join("\n  "));
+    }
+    Ok(())
+}
+
 /// `auditwheel show` on each wheel: its file name must carry `manylinux_2_28` (or older),
 /// and the symbols it links must allow that tag (auditwheel's own reading of the binary,
-/// not maturin's).
+/// not maturin's). And one unwinder in each ([`one_unwinder`]).
 pub(crate) fn check_manylinux(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf]) -> Result<()> {
     for wheel in wheels {
         let name = wheel
@@ -594,6 +729,9 @@ pub(crate) fn check_manylinux(steps: &mut Steps, venv: &Venv, wheels: &[PathBuf]
             .context("a wheel has a file name")?
             .to_string_lossy()
             .into_owned();
+        steps.run(&format!("python: one unwinder in {name}"), || {
+            check_one_unwinder(venv, wheel)
+        })?;
         steps.run(&format!("python: auditwheel show {name}"), || {
             let out = venv
                 .python_cmd()
@@ -763,6 +901,40 @@ mod tests {
         );
         assert_eq!(manylinux_of("linux_x86_64"), None);
         assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn one_unwinder_wants_libgcc_s_and_no_copy_of_its_own() {
+        let system = ["libc.so.6", "libgcc_s.so.1"];
+        // What the wheels are after the fix: libgcc_s's symbols undefined, none defined.
+        assert!(
+            one_unwinder(&system, &["PyInit__native", "rust_eh_personality"], false).is_empty()
+        );
+        // What zig made before: LLVM libunwind hidden inside, no libgcc_s.
+        let zig = [
+            "libc.so.6",
+            "ld-linux-x86-64.so.2",
+            "libpthread.so.0",
+            "libdl.so.2",
+        ];
+        let bundled = [
+            "_Unwind_GetIP",
+            "_Unwind_RaiseException",
+            "__unw_get_proc_info",
+        ];
+        let problems = one_unwinder(&zig, &bundled, true);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("libgcc_s.so.1"), "{problems:?}");
+        assert!(problems[1].contains("_Unwind_GetIP"), "{problems:?}");
+        // Each condition alone is refused: libgcc_s with a copy beside it (exported or not),
+        // a stripped copy, no unwinder at all.
+        assert_eq!(
+            one_unwinder(&system, &["_Unwind_ForcedUnwind"], false).len(),
+            1
+        );
+        assert_eq!(one_unwinder(&system, &["unw_step"], false).len(), 1);
+        assert_eq!(one_unwinder(&system, &[], true).len(), 1);
+        assert_eq!(one_unwinder(&["libc.so.6"], &[], false).len(), 1);
     }
 
     #[test]

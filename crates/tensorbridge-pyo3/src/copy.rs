@@ -169,7 +169,7 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
         let shape = src.shape().to_vec();
         let strides = src.strides_bytes()?;
         let itemsize = src.dtype().storage_bits(src.packing()).div_ceil(8) as usize;
-        py.detach(|| {
+        crate::ffi::exit::detach(py, || {
             if contiguous {
                 // SAFETY: the compact elements are the `len` bytes at `first` (readable host
                 // memory: the source, kept by `src`); the result is a fresh buffer of at
@@ -206,7 +206,7 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
 /// Copies `len` bytes of device-accessible memory at `from` (inside `src`'s span) to host
 /// memory at `to`, ordered after `src`'s readiness, and waits for the copy (the GIL released).
 fn device_to_host(py: Python<'_>, src: &Tensor, from: usize, to: usize, len: usize) -> Result<()> {
-    py.detach(|| {
+    crate::ffi::exit::detach(py, || {
         // SAFETY: `from..from+len` lies in the source's span (the callers pass its span or
         // the whole of it), kept alive by `src`; `to` is a fresh host buffer of at least
         // `len` bytes, disjoint from the source.
@@ -259,7 +259,7 @@ pub(crate) unsafe fn on_device(
         other => other?,
     };
     let base = buffer.addr();
-    py.detach(|| {
+    crate::ffi::exit::detach(py, || {
         // SAFETY: the span is the source's own, device memory kept alive by `src` for the call
         // and, past it, by the retirement below until the copy has run; `stream` is live for
         // the call (obligation 1, or the legacy default stream).

@@ -126,6 +126,15 @@
 //! threads consuming one capsule, exactly one gets the tensor and the others a
 //! `BufferError`. A free-threaded interpreter needs a build of this crate without `abi3`.
 //!
+//! # Interpreter exit
+//! Every call that releases the GIL (copies, host waits, `share`, `open`) and every thread
+//! that takes the GIL to release a Python owner (the reapers, deleters called from C) passes
+//! a gate that an `atexit` function closes before CPython finalises: the exit waits (up to
+//! 1 s for work still running) until they hold the GIL again or have given it back, and after
+//! that nothing of this crate asks for the GIL from a thread that does not hold it, so
+//! CPython (3.13 and older) never ends a thread with `pthread_exit` under our frames. The gate
+//! is installed by [`register`] and by the first import or GIL-released call.
+//!
 //! # Limitations
 //! - Streams are trusted like pointers: a stream integer given to `asview`, to
 //!   [`import_on_raw`] or to `from_ptr` (`producer_stream`), or handed to `__dlpack__` by a
@@ -329,6 +338,8 @@ pub fn export(py: Python<'_>, tensor: Tensor) -> PyResult<Bound<'_, PyAny>> {
 /// Adds `View`, `asview` and `from_ptr` to a Python module (what the `tensorbridge` wheel's
 /// `#[pymodule]` does).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The exit's gate (`ffi::exit`): no thread of ours takes the GIL once CPython finalises.
+    ffi::exit::install(m.py());
     m.add_class::<View>()?;
     export::exchange::install(m.py())?;
     m.add_function(wrap_pyfunction!(python::asview, m)?)?;

@@ -177,7 +177,7 @@ impl Handle {
 #[pyo3(signature = (obj, *, consumers=1))]
 pub(crate) fn share(py: Python<'_>, obj: &Bound<'_, PyAny>, consumers: u32) -> PyResult<Handle> {
     let tensor = crate::import(obj)?;
-    let shared = py.detach(|| ipc::export(&tensor, consumers));
+    let shared = crate::ffi::exit::detach(py, || ipc::export(&tensor, consumers));
     let shared = shared.map_err(crate::Error::from)?;
     Ok(Handle {
         handle: shared.handle().clone(),
@@ -216,7 +216,7 @@ pub(crate) fn open(
     // SAFETY: the Python caller vouches for its stream handle (documented above, as for
     // `asview`'s `stream`): live, of a primary context, as long as the view and everything
     // made from it; `None`, 0 and 1 are the always-live legacy default stream.
-    let tensor = py.detach(|| unsafe { ipc::import_raw(&handle, consumer) });
+    let tensor = crate::ffi::exit::detach(py, || unsafe { ipc::import_raw(&handle, consumer) });
     Ok(View::new(tensor.map_err(crate::Error::from)?))
 }
 

@@ -160,7 +160,7 @@ impl View {
                 // consumer): it reads on the host, so the data must be finished when it gets
                 // the capsule. The protocol asks the producer to wait on the host here.
                 if !t.ready().is_now() {
-                    let done = py.detach(|| tensorbridge_cuda::synchronize(t))?;
+                    let done = crate::ffi::exit::detach(py, || tensorbridge_cuda::synchronize(t))?;
                     drop(done);
                 }
             } else if ordered && let StreamRequest::Stream(consumer) = request()? {
@@ -406,7 +406,7 @@ impl View {
         let dict = self.ai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
             let t = &self.tensor;
             if !t.ready().is_now() && t.device().kind.is_host_accessible() {
-                py.detach(|| tensorbridge_cuda::synchronize(t))
+                crate::ffi::exit::detach(py, || tensorbridge_cuda::synchronize(t))
                     .map_err(Error::from)?;
             }
             let ai =

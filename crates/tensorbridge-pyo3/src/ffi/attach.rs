@@ -24,9 +24,12 @@
 //! exception in flight with the raw `PyErr_Fetch` / `PyErr_Restore` (the wheel is abi3 for
 //! 3.9, so not the 3.12 raised-exception calls), and does its work with raw C API calls that
 //! never consult pyo3's count: `Py_DecRef`, `PyObject_CallObject`, `PyErr_WriteUnraisable`.
-//! When the interpreter is not initialised, or is finalising and the thread does not hold
-//! the GIL (taking it then may hang or end the thread), the work is not done and the caller
-//! leaks what it would have released: the process is ending anyway.
+//! When the interpreter is not initialised, or is exiting and the thread does not hold the
+//! GIL, the work is not done and the caller leaks what it would have released: the process
+//! is ending anyway. "Exiting" is decided by the exit's gate (`exit`), not by asking
+//! `Py_IsFinalizing` alone, which races finalisation: CPython 3.13 and older end a thread
+//! that waits for the GIL when finalisation begins with `pthread_exit`, whose forced unwind
+//! must never run through our frames.
 //!
 //! `PyGILState_Check` answers 1 unconditionally once sub-interpreters were created (before
 //! CPython 3.12); pyo3 modules refuse to load in sub-interpreters, so a process using this
@@ -169,12 +172,17 @@ pub(crate) fn attached<R>(work: impl FnOnce(&Gil) -> R) -> Option<R> {
     let gstate = if held {
         None
     } else {
+        // Counted in with the exit's gate (`exit`): while this thread holds the GIL it took,
+        // finalisation cannot begin; once the exit has begun, it does not take the GIL.
+        // `Py_IsFinalizing` remains for a process whose exit function was never registered.
+        let returning = super::exit::enter_attached()?;
         if finalizing() {
             return None;
         }
-        // SAFETY: the interpreter is initialised and not finalising (checked just above;
-        // the same best effort pyo3 makes); matched by the `PyGILState_Release` below.
-        Some(unsafe { ffi::PyGILState_Ensure() })
+        // SAFETY: the interpreter is initialised and not finalising, and cannot begin to
+        // until `returning` is dropped (the exit's gate); matched by the
+        // `PyGILState_Release` below.
+        Some((unsafe { ffi::PyGILState_Ensure() }, returning))
     };
     // SAFETY: the GIL is held now.
     let pending = unsafe { Pending::fetch() };
@@ -184,9 +192,11 @@ pub(crate) fn attached<R>(work: impl FnOnce(&Gil) -> R) -> Option<R> {
     let out = work(&gil);
     // SAFETY: still holding the GIL (released only below).
     unsafe { pending.restore() };
-    if let Some(gstate) = gstate {
+    if let Some((gstate, returning)) = gstate {
         // SAFETY: the matching `PyGILState_Ensure` above, on this thread.
         unsafe { ffi::PyGILState_Release(gstate) };
+        // Only now may the exit go on.
+        drop(returning);
     }
     Some(out)
 }

@@ -87,3 +87,4 @@ unsafe extern "C" {
 
 pub(crate) mod attach;
 pub(crate) mod callback;
+pub(crate) mod exit;

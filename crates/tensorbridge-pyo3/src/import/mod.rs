@@ -185,6 +185,9 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Resul
 /// Imports `obj`: the route of its type, its memory pinned, a consumer stream ordered after
 /// the producer (GPU-side).
 pub(crate) fn import(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Result<Imported> {
+    // Owners made here may be released by threads that take the GIL (the reaper): the exit
+    // must wait for them (`ffi::exit`). One atomic load once installed.
+    crate::ffi::exit::install(obj.py());
     let facts = route::facts(obj)?;
     match facts.route {
         Route::OwnView => {
