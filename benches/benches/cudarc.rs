@@ -113,7 +113,7 @@ fn handoff(c: &mut Criterion) {
     s.consumer.synchronize().expect("synchronize");
 }
 
-/// The README's axpy, grid-stride.
+/// The cookbook's axpy, grid-stride.
 const AXPY: &str = r#"
 extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
                                 float* y, tb_layout ly, long long n) {

@@ -18,6 +18,12 @@ const SHIM: &str = "shim/tensorbridge_tch.cpp";
 fn main() {
     println!("cargo:rerun-if-changed={SHIM}");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    // docs.rs (which sets `DOCS_RS`, and builds with tch's `doc-only`): no libtorch to
+    // compile the shim against or to link; rustdoc needs neither.
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+    if env::var_os("DOCS_RS").is_some() {
+        return;
+    }
     // torch-sys found libtorch (from `LIBTORCH`, or a Python environment with
     // `LIBTORCH_USE_PYTORCH=1`) and says where its libraries are.
     let lib = PathBuf::from(env::var_os("DEP_TCH_LIBTORCH_LIB").expect(

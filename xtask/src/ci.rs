@@ -60,7 +60,7 @@ const PYTHON_PACKAGES: &[&str] = &[
 /// `.crate` file `cargo package` makes, against the others' `.crate` files and crates.io,
 /// as a registry's user would get them: a path outside the package, a file left out of it or
 /// a dependency without a version fails here, so publishing is a decision, not a project.
-const PUBLISHED: &[&str] = &[
+pub(crate) const PUBLISHED: &[&str] = &[
     "tensorbridge-core",
     "tensorbridge",
     "tensorbridge-dlpack",
@@ -106,6 +106,11 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
     // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
     // libtorch it expects.
     crate::tch_range::run,
+    // The declared MSRV is a toolchain CI builds (docs/RELEASES.md, "MSRV").
+    crate::release::msrv,
+    // Each published crate against the last release tag, once there is one
+    // (docs/RELEASES.md, "What CI checks").
+    crate::release::semver,
 ];
 
 struct Options {

@@ -10,6 +10,7 @@ mod ci;
 mod cuda_toolkit;
 mod demo;
 mod fuzz;
+mod release;
 mod tch_range;
 mod test_gpu;
 mod threads;
@@ -33,7 +34,10 @@ tasks:
   ci [--no-miri] [--env NAME]...
       The Python environments (see venv), then cargo fmt --check, clippy (workspace, then
       --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
-      crate from the pinned environment), the Python package (both maturin wheels,
+      crate from the pinned environment), cargo package, the tch range, the MSRV (the
+      declared rust-version is a toolchain built here) and cargo-semver-checks of every
+      published crate against the last vX.Y.Z tag (skipped, saying so, until one
+      exists), the Python package (both maturin wheels,
       abi3-py39 into target/wheels and abi3-py312 into target/wheels-py312, linked with zig
       for manylinux_2_28 and checked with auditwheel; the pyo3 crate's tests; pytest
       crates/tensorbridge-python/tests without gpu/ in every environment, each with the

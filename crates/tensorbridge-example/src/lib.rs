@@ -1,5 +1,5 @@
 //! `tensorbridge_example`: the extension the cookbook's Rust recipes describe
-//! (README.md, "Cookbook"), built so that those recipes are
+//! (docs/COOKBOOK.md), built so that those recipes are
 //! tested (`crates/tensorbridge-python/tests/test_cookbook.py`, `tests/gpu/`).
 //!
 //! - `total(x)`: the sum of a float32 host tensor from any framework, read in place through
@@ -8,7 +8,7 @@
 //!   `tensorbridge.View`; consumers' streams wait for cudarc's on the GPU.
 //! - `axpy(alpha, x, y)`: `y += alpha * x` in place, by our own CUDA kernel (NVRTC), on
 //!   PyTorch, CuPy or JAX tensors of any layout, on the producer framework's current stream
-//!   ([`tensorbridge_pyo3::kernel_call`]). The README's recipe "Your own CUDA kernel on
+//!   ([`tensorbridge_pyo3::kernel_call`]). The cookbook's recipe "Your own CUDA kernel on
 //!   PyTorch tensors".
 //! - `axpy_on(alpha, x, y, stream)`: the same on a stream the caller chose
 //!   ([`tensorbridge_pyo3::kernel_call_on`]).
@@ -39,7 +39,7 @@ mod ndarray_recipes;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-// The facade's paths, as the README's recipes write them (`tensorbridge = { features =
+// The facade's paths, as the cookbook's recipes write them (`tensorbridge = { features =
 // ["pyo3"] }`): the adapters and the cudarc they are built with, one dependency line.
 use tensorbridge::cudarc::{Kernel, KernelLayout, grid_stride};
 use tensorbridge::cudarc_crate::driver::{LaunchConfig, PushKernelArg};

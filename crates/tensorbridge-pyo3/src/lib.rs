@@ -70,7 +70,7 @@
 //!
 //! # Your own kernel
 //! [`kernel_call`] is the one call a `#[pyfunction]` needs to launch its own cudarc kernel
-//! on framework tensors (the README's recipe, `crates/tensorbridge-example`'s `axpy`): the
+//! on framework tensors (the cookbook's recipe, `crates/tensorbridge-example`'s `axpy`): the
 //! stream, the views, the aliasing checks, NVRTC; `unsafe` stays at the launch. Its closure
 //! returns this crate's [`Result`], into which the core's, the CUDA layer's, the cudarc
 //! adapter's errors and cudarc's `DriverError` convert with `?`.

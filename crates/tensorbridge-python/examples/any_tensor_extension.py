@@ -1,6 +1,6 @@
 """Recipe: a Rust extension function that takes any framework's tensor (Python side).
 
-The Rust side (README.md, "Cookbook"; built as crates/tensorbridge-example) declares its
+The Rust side (docs/COOKBOOK.md; built as crates/tensorbridge-example) declares its
 argument as `tensorbridge_pyo3::AnyTensor`; PyO3 then runs `tensorbridge_pyo3::import` on whatever Python passes: the DLPack C exchange API
 (PyTorch), `__dlpack__`, a DLPack capsule, the CUDA Array Interface, NumPy's array interface
 or the buffer protocol, zero-copy, keeping the producer alive for as long as Rust holds the

@@ -1,6 +1,6 @@
 """Recipe: handing a cudarc buffer to PyTorch (Python side of a Rust extension).
 
-The Rust side (README.md, "Cookbook"; built as crates/tensorbridge-example) moves a
+The Rust side (docs/COOKBOOK.md; built as crates/tensorbridge-example) moves a
 `cudarc::driver::CudaSlice<f32>` into a tensorbridge `Tensor` (`tensorbridge_cudarc::import`: zero-copy, the slice's stream recorded as where
 the data becomes ready) and returns `tensorbridge_pyo3::export(py, tensor)`, a `View`.
 `torch.from_dlpack(view)` then makes torch's current stream wait for cudarc's stream on the

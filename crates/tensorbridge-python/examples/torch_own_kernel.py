@@ -1,6 +1,6 @@
 """Recipe: your own CUDA kernel on PyTorch tensors (Python side of a Rust extension).
 
-The Rust side (README, "Your own CUDA kernel on PyTorch tensors"; crate
+The Rust side (docs/COOKBOOK.md, "Your own CUDA kernel on PyTorch tensors"; crate
 `tensorbridge-example`, function `axpy`) is a `#[pyfunction]` that calls
 `tensorbridge_pyo3::kernel_call(&[x, y], |call| ...)`: both tensors imported zero-copy, torch's
 current stream borrowed as a cudarc stream, `y` checked not to overlap `x` or itself, the

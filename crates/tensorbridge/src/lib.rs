@@ -77,7 +77,11 @@ pub use ::ndarray as ndarray_crate;
 #[cfg(feature = "pyo3")]
 pub use ::pyo3 as pyo3_crate;
 
-// The README's Rust snippets are compiled as doctests.
+// The Rust snippets of the README and of the cookbook are compiled as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/COOKBOOK.md")]
+struct CookbookDoctests;

@@ -125,7 +125,7 @@ fn templates_defines_and_generated_sources() -> Result<()> {
     Ok(())
 }
 
-/// The README's old kernel shape (`if (i < n)`, no loop), for the controls.
+/// The cookbook's old kernel shape (`if (i < n)`, no loop), for the controls.
 const ONES: &str = r#"
 extern "C" __global__ void ones_looping(unsigned char* x, long long n) {
     for (long long i = tb_index(); i < n; i += tb_stride()) x[i] = 1;

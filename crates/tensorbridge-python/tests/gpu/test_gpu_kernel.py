@@ -1,5 +1,5 @@
 """Your own CUDA kernel on framework tensors: ``tensorbridge_example.axpy(alpha, x, y)``
-(``y += alpha * x`` in place, NVRTC, on the producer framework's current stream; the README's
+(``y += alpha * x`` in place, NVRTC, on the producer framework's current stream; the cookbook's
 recipe "Your own CUDA kernel on PyTorch tensors").
 
 Ordering is proven as in test_gpu_streams.py: a producer busy for ~100 ms on a non-default
