@@ -104,7 +104,8 @@ def step():
 """,
 }
 
-# The issue's own case: JAX and torch loaded, and a kernel call refused (aliasing outputs).
+# A process that used JAX and torch and had a kernel call refused (aliasing outputs): once
+# ended with SIGABRT at exit.
 if importlib.util.find_spec("tensorbridge_example") and importlib.util.find_spec("jax"):
     PATHS["refused_kernel_call_with_jax"] = """
 import jax.numpy as jnp
