@@ -75,6 +75,23 @@ pub(crate) fn child(role: &str, io: &Io) -> Result<()> {
         _ => IpcHandle::from_bytes(&bytes)?,
     };
     match role {
+        "otheruser" => {
+            // After the driver is loaded and initialised (its file may be unreadable to that
+            // user): only what the share itself checks stands between the users.
+            // SAFETY (each call): a plain system call on this process's credentials; no
+            // memory is passed.
+            // SAFETY: see above.
+            let groups = unsafe { libc::setgroups(0, std::ptr::null()) };
+            // SAFETY: see above.
+            let gid = unsafe { libc::setgid(65534) };
+            // SAFETY: see above.
+            let uid = unsafe { libc::setuid(65534) };
+            ensure!(
+                groups == 0 && gid == 0 && uid == 0,
+                "could not become uid 65534"
+            );
+            io.say("error", &format!("{:?}", ipc::import(&handle, &c).err()));
+        }
         "size" | "uuid" | "memory" => {
             io.say("error", &format!("{:?}", ipc::import(&handle, &c).err()));
         }
@@ -272,6 +289,31 @@ fn damaged_and_altered_handles_are_refused_in_the_consumer() -> Result<()> {
         eventually(|| shared.holders().is_empty()),
         "a refused open left a hold"
     );
+    drop(shared);
+    ensure!(eventually(|| counter.drops() == 1), "never released");
+    Ok(())
+}
+
+#[test]
+fn another_user_cannot_open_a_share() -> Result<()> {
+    // SAFETY: reads this process's effective user id; touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root, to switch the consumer to another user (CI runs as root)");
+        return Ok(());
+    }
+    let _serial = serial();
+    let ctx = context(0)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let (t, _) = produce(&a, &counter)?;
+    let shared = ipc::export(&t, 0)?;
+    drop(t);
+    let mut peer = Peer::spawn("otheruser", &[])?;
+    peer.send(&hex(shared.handle().as_bytes()))?;
+    let error = peer.expect("error")?;
+    assert!(error.starts_with("Some(IpcLifetimeFile"), "{error}");
+    peer.finish()?;
+    assert!(shared.holders().is_empty(), "the other user holds it");
     drop(shared);
     ensure!(eventually(|| counter.drops() == 1), "never released");
     Ok(())
