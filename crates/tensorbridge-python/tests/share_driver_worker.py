@@ -189,6 +189,33 @@ def serve():
         drv.write(state["view"].ptr + 4 * index, values)
         return True
 
+    def span(handle):
+        # Opens a (possibly altered) handle; when the open succeeds, whether the view's first
+        # and last bytes lie in one allocation the driver knows (cuMemGetAddressRange_v2).
+        v = tb.open(bytes.fromhex(handle))
+        try:
+            if v.size == 0:
+                return True
+            lo = hi = v.ptr
+            for n, st in zip(v.shape, v.byte_strides):
+                if st < 0:
+                    lo += (n - 1) * st
+                else:
+                    hi += (n - 1) * st
+            hi += v.itemsize - 1
+            ranges = []
+            for addr in (lo, hi):
+                base, size = ctypes.c_uint64(), ctypes.c_size_t()
+                drv.bind()
+                rc = drv.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(addr))
+                if rc != 0:
+                    return False
+                ranges.append((base.value, size.value))
+            return ranges[0] == ranges[1]
+        finally:
+            del v
+            gc.collect()
+
     def drop():
         state.clear()
         gc.collect()
@@ -209,6 +236,7 @@ def serve():
         return os.getuid()
 
     ops = dict(
+        span=span,
         open=open_, read=read, write=write, drop=drop, share=share, become=become, ready=lambda: why or drv.name
     )
     for line in sys.stdin:

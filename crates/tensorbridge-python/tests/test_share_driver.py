@@ -159,6 +159,32 @@ def test_altered_handles_are_value_errors_in_the_consumer(tb, drv, worker):
     assert eventually(lambda: a.released == 1), "never released"
 
 
+def test_no_altered_handle_opens_a_view_past_the_allocation(tb, drv, worker):
+    """Any bytes of the handle changed (checksum recomputed, as whoever alters a handle can):
+    the consumer refuses it with a typed error, or opens a view whose first and last bytes
+    lie in one allocation the driver knows. Never a crash, never a view past the mapping."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    a = Allocation(tb, drv, N)
+    h = tb.share(a.view(tb), consumers=0)
+    data = bytes(h)
+    w = worker()
+
+    @hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+    @hypothesis.given(at=st.integers(16, len(data) - 9), new=st.binary(min_size=1, max_size=8))
+    def check(at, new):
+        bad = altered(data, at, new[: len(data) - 8 - at])
+        try:
+            assert w.call("span", handle=bad.hex()), f"a view past the allocation: offset {at}, {new.hex()}"
+        except WorkerError as e:
+            assert e.kind in ("ValueError", "RuntimeError"), str(e)
+
+    check()
+    w.close()
+    del h
+    assert eventually(lambda: a.released == 1), "never released"
+
+
 def test_a_producer_that_exited_is_refused(tb, drv, worker):
     p = worker()
     data = bytes.fromhex(p.call("share", n=N))
