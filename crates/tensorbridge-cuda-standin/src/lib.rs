@@ -1673,6 +1673,35 @@ mod tests {
         assert_eq!(rc, INVALID_HANDLE, "destroyed twice");
     }
 
+    proptest::proptest! {
+        /// Hostile IPC handles (any bytes; the stand-in's magic with any process and
+        /// allocation id, this process's own parent included) never map anything and never
+        /// fail other than with the driver's refusals.
+        #[test]
+        fn no_made_up_handle_maps(
+            mut bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 64),
+            magic: bool,
+            parent: bool,
+        ) {
+            bound();
+            if magic {
+                bytes[..8].copy_from_slice(MEM_MAGIC);
+            }
+            if parent {
+                bytes[8..12].copy_from_slice(&std::os::unix::process::parent_id().to_le_bytes());
+            }
+            let reserved: [u8; 64] = bytes.try_into().unwrap_or([0; 64]);
+            let mut base = 0;
+            // SAFETY: a live local.
+            let rc = unsafe { cuIpcOpenMemHandle_v2(&mut base, IpcHandle { reserved }, 1) };
+            proptest::prop_assert!(
+                [INVALID_VALUE, INVALID_CONTEXT, INVALID_DEVICE].contains(&rc),
+                "{rc}"
+            );
+            proptest::prop_assert_eq!(base, 0);
+        }
+    }
+
     #[test]
     fn every_code_returned_has_a_name_and_a_description() {
         for code in [
