@@ -112,6 +112,10 @@
 //! 5. the loader's own search by name (`LD_LIBRARY_PATH`, rpath, `ldconfig`).
 //!
 //! Names `libnvrtc.so.13`, `libnvrtc.so.12`, `libnvrtc.so`, in that order, in each place.
+//! Only absolute paths are opened: a variable that is empty (`ENV CUDA_HOME=`) or relative
+//! is ignored, since it would name a file under the current directory, whose libraries
+//! nobody vouches for (opening a library runs its initialisers). The `libnvrtc-builtins`
+//! beside the library found is opened by the one name NVRTC's version implies.
 //!
 //! # Contexts
 //! Like the CUDA layer, every function of this crate leaves the calling thread's current
