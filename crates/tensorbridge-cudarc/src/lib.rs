@@ -83,6 +83,11 @@
 //! As with any cudarc launch, the launch itself is `unsafe`: the kernel's signature, bounds,
 //! and use of the view's stream are the caller's promise.
 //!
+//! No safe function writes under a shared borrow: the safe writable views
+//! ([`KernelArgs::output`], [`Lent::view_mut`]) only name memory; what writes is the
+//! `unsafe` launch, and the memory views take (device and managed) is not host-accessible in
+//! the core's model, so no safe host view or slice reads it meanwhile.
+//!
 //! # Your own kernel on a framework's tensors
 //! A kernel that reads some tensors and writes others in place, for PyTorch, CuPy, JAX or
 //! libtorch users, runs best on the framework's current stream, borrowed as a cudarc stream

@@ -68,6 +68,15 @@
 //!   libtorch is another alias of memory tch code may write. Reading it through a core host
 //!   view while safe tch code writes to it on another thread is a race, exactly as between
 //!   two tch tensors; keep such work on one thread, or ordered.
+//! - **Open: [`export`] of a writable tensor lets safe code write under a live shared
+//!   borrow.** [`export`] takes `&Tensor` and gives libtorch the tensor's memory, writable;
+//!   tch's in-place operations (`fill_`, `add_`) are safe, so a `&[T]` slice or host view of
+//!   the same tensor (or of a clone) alive across such a call sees its bytes change, which
+//!   Rust's aliasing rules forbid even on one thread (libtorch has no read-only or
+//!   copy-on-write tensors to hand out instead). The sound shape, as in the burn adapter:
+//!   a safe export that takes a [`tensorbridge::ExclusiveTensor`], and the `&Tensor` form
+//!   `unsafe`, its caller promising that no Rust reference reads the memory while libtorch
+//!   may write it. Until then, drop every view of a tensor before libtorch writes it.
 //! - Read-only tensors have no libtorch equivalent: [`export`] refuses them, and accepting
 //!   them is the `unsafe` [`ExportOptions::allow_read_only`], whose caller promises that
 //!   nothing writes through the result.
