@@ -7,7 +7,7 @@ use std::ptr;
 
 #[cfg(doc)]
 use tensorbridge::Ready;
-use tensorbridge::{DeviceType, Owner, Stream, Tensor};
+use tensorbridge::{DeviceType, ExclusiveTensor, Owner, Stream, Tensor};
 
 use crate::Error;
 use crate::ffi::{self, ScalarType, TorchDeviceType};
@@ -114,6 +114,31 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 /// ```
 pub fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
     export_with(tensor, ExportOptions::new())
+}
+
+/// A tensor proven to have no other holder ([`Tensor::into_exclusive`]) as a tch tensor,
+/// zero-copy, as [`export`] makes it: the sound way to let libtorch write in place from safe
+/// tch code (`fill_`, `add_`). The tensor moves into libtorch's storage (its owner released
+/// once, when libtorch frees the storage), so no Rust view or clone of it can read the
+/// memory while libtorch writes. Read-only tensors are refused ([`Error::ReadOnly`]), and
+/// everything else as [`export_with`] refuses it.
+///
+/// ```
+/// use tensorbridge::Tensor;
+///
+/// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+/// let ptr = t.data_ptr();
+/// let mut torch = tensorbridge_tch::export_exclusive(t.into_exclusive().expect("no clone"))?;
+/// let _ = torch.fill_(7.0); // safe tch code, writing in place: nobody else can look
+/// assert_eq!(torch.data_ptr() as usize, ptr);
+/// assert_eq!(Vec::<f32>::try_from(&torch)?, [7.0, 7.0, 7.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn export_exclusive(tensor: ExclusiveTensor) -> Result<tch::Tensor, Error> {
+    // The storage keeps a clone of the owner; this, its only other holder, goes at the end
+    // of the call, so libtorch's storage is the owner's one holder afterwards.
+    let tensor = tensor.into_tensor();
+    export_with(&tensor, ExportOptions::new())
 }
 
 /// A core [`Tensor`] as a tch tensor, zero-copy: `at::for_blob` over the tensor's element 0

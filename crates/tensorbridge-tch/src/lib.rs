@@ -8,7 +8,7 @@
 //! | direction | function | data | stream |
 //! |---|---|---|---|
 //! | `&tch::Tensor` -> [`Tensor`] | [`import`] (`unsafe`: the caller promises not to resize the storage meanwhile) | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
-//! | [`Tensor`] -> `tch::Tensor` | [`export`], [`export_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
+//! | [`Tensor`] -> `tch::Tensor` | [`export`], [`export_with`]; [`export_exclusive`] (a [`tensorbridge::ExclusiveTensor`]: the sound form when libtorch will write) | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
 //! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
 //! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
 //!
@@ -73,10 +73,12 @@
 //!   tch's in-place operations (`fill_`, `add_`) are safe, so a `&[T]` slice or host view of
 //!   the same tensor (or of a clone) alive across such a call sees its bytes change, which
 //!   Rust's aliasing rules forbid even on one thread (libtorch has no read-only or
-//!   copy-on-write tensors to hand out instead). The sound shape, as in the burn adapter:
-//!   a safe export that takes a [`tensorbridge::ExclusiveTensor`], and the `&Tensor` form
-//!   `unsafe`, its caller promising that no Rust reference reads the memory while libtorch
-//!   may write it. Until then, drop every view of a tensor before libtorch writes it.
+//!   copy-on-write tensors to hand out instead). [`export_exclusive`] is the sound form: it
+//!   takes a [`tensorbridge::ExclusiveTensor`] (the only holder of its owner), which moves
+//!   into libtorch's storage, so no Rust view or clone reads the memory libtorch writes.
+//!   The `&Tensor` form is still safe, pending its change to `unsafe` (its caller promising
+//!   that no Rust reference reads the memory while libtorch may write it); until then, drop
+//!   every view of a tensor before libtorch writes it, or use [`export_exclusive`].
 //! - Read-only tensors have no libtorch equivalent: [`export`] refuses them, and accepting
 //!   them is the `unsafe` [`ExportOptions::allow_read_only`], whose caller promises that
 //!   nothing writes through the result.
@@ -127,7 +129,7 @@ mod libtorch_dlpack;
 
 pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
-pub use export::{ExportOptions, export, export_with};
+pub use export::{ExportOptions, export, export_exclusive, export_with};
 pub use ffi::{ScalarType, TorchDevice, TorchDeviceType, TorchLayout};
 pub use import::{import, with_current_stream};
 
