@@ -55,7 +55,7 @@
 //! | `tensorbridge-dlpack` | `import_versioned`, `import_legacy` | `export_versioned`, `export_legacy` | | the imports (`unsafe`: a raw managed-tensor pointer) |
 //! | `tensorbridge-cai` | `CudaArrayInterface::import`, `ArrayInterface::import` | `CudaArrayInterface::export`, `ArrayInterface::export` | | |
 //! | `tensorbridge-cudarc` | `import`, `import_shaped` | `try_into_slice` | `lend`, `lend_shaped`, `view`, `view_mut`, `KernelArgs` | `Lent::make_ready_on_raw`, `Lent::join_raw` |
-//! | `tensorbridge-tch` | `import` | `export`, `export_with`, `export_exclusive` (an [`ExclusiveTensor`]: the sound form when libtorch writes) | `with_current_stream` (libtorch's stream, for your kernel) | |
+//! | `tensorbridge-tch` | `import` | `export_exclusive` (an [`ExclusiveTensor`]), `export`, `export_with` (`unsafe`: a shared tensor, which safe tch code could write under a live view) | `with_current_stream` (libtorch's stream, for your kernel) | |
 //! | `tensorbridge-pyo3` | `import`, `AnyTensor` | `export` (a `View`) | `kernel_call` (the arguments and their framework's stream, for your kernel) | `import_on_raw` (a raw stream integer) |
 //! | `tensorbridge-ndarray` | `import` (an `Array`), `import_shared` (an `ArcArray`) | `view`, `view_mut` (`unsafe`), `try_into_array` | `lend`, `lend_mut`, `view_ref`, `view_mut_ref` | |
 //! | `tensorbridge-burn` | `import` (burn's `Tensor<D, K>`), `import_primitive` (a `FlexTensor`) | `export`, `export_primitive` (copy-on-write), `export_exclusive`, `export_primitive_exclusive` (an [`ExclusiveTensor`], written in place) | | |

@@ -9,7 +9,8 @@ use crate::{import, torch_values};
 #[test]
 fn export_shares_memory_both_ways() {
     let t = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[3, 4]).unwrap();
-    let mut torch = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let mut torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     assert_eq!(torch.data_ptr() as usize, t.data_ptr());
     assert_eq!(torch.device(), TchDevice::Cpu);
     assert_eq!(torch.kind(), Kind::Float);
@@ -64,7 +65,8 @@ fn offsets_survive_both_ways() {
     };
     // SAFETY: elements 2, 3 and 4 of `base`, whose owner is shared.
     let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone()) };
-    let torch = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     assert_eq!(torch.data_ptr() as usize, base.data_ptr() + 8); // folded into the pointer
     assert_eq!(Vec::<i32>::try_from(&torch).unwrap(), [2, 3, 4]);
     let back = import(&torch.narrow(0, 1, 2)).unwrap();
