@@ -176,7 +176,8 @@ fn tensor_through_array_interface() -> Result<Outcome> {
 #[cfg(feature = "tch")]
 fn tensor_through_libtorch() -> Result<Outcome> {
     through_consumer(|t| {
-        let torch = tensorbridge_tch::export(t)?;
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let torch = unsafe { tensorbridge_tch::export(t) }?;
         // SAFETY: a storage `tensorbridge_tch::export` made, which libtorch refuses to resize;
         // `torch` never leaves this thread.
         Ok(unsafe { tensorbridge_tch::import(&torch) }?)

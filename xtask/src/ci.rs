@@ -160,6 +160,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
+    // Before anything is built: a second, and a fresh clone holds only what is committed.
+    steps.run("sources only", || crate::artifacts::check(root()))?;
     // First, so that every cargo step below builds pyo3 against the same interpreter
     // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
     // whenever the interpreter it finds changes.

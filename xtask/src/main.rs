@@ -5,6 +5,7 @@
 //! fails the whole task with a message that names it; a timing summary ends every run,
 //! failed or not.
 
+mod artifacts;
 mod bench;
 mod ci;
 mod cuda_toolkit;
@@ -33,7 +34,8 @@ cargo xtask <task> [options]
 
 tasks:
   ci [--no-miri] [--env NAME]...
-      The Python environments (see venv), then cargo fmt --check, clippy (workspace, then
+      A check that no tracked file is a build artifact (xtask/src/artifacts.rs), the
+      Python environments (see venv), then cargo fmt --check, clippy (workspace, then
       --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
       crate from the pinned environment), cargo package, the tch range, the MSRV (the
       declared rust-version is a toolchain built here) and cargo-semver-checks of every

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn_flex::{Flex, FlexTensor, Layout as FlexLayout};
 use burn_std::{AccessError, AccessPolicy, AllocationController, AllocationProperty, Bytes, Shape};
-use tensorbridge::{Access, RawTensor, Tensor};
+use tensorbridge::{Access, Descriptor, ExclusiveTensor, RawTensor, Ready, Tensor};
 
 use crate::Error;
 use crate::dtype::{burn_dtype_of, dtype_of_burn};
@@ -91,19 +91,28 @@ where
     import_primitive(&primitive)
 }
 
+/// What keeps an exported tensor's memory alive: a clone of a shared tensor, or the one
+/// holder of an exclusive one.
+enum Keep {
+    Shared(#[allow(dead_code)] Tensor),
+    Exclusive(#[allow(dead_code)] ExclusiveTensor),
+}
+
 /// The memory of a [`Tensor`] as burn-flex bytes: the span the tensor reaches, from its
-/// lowest byte, kept alive by the tensor. Writable tensors are written in place when burn
-/// asks; read-only ones are copied first (copy-on-write), or refused where burn forbids the
-/// copy.
+/// lowest byte, kept alive by the tensor. Written in place when burn asks only for a
+/// writable [`ExclusiveTensor`]; every other tensor is copied first (copy-on-write), or
+/// refused where burn forbids the copy.
 struct TensorController {
     /// The owner of the memory (and the readiness, which is `Now`).
-    _tensor: Tensor,
+    _keep: Keep,
     /// The lowest byte the tensor reaches.
     base: NonNull<u8>,
     /// Bytes from `base` to one past the highest byte reached.
     len: usize,
     /// The element size, which the span's start is aligned to.
     align: usize,
+    /// Whether burn may write the memory in place: the tensor is writable and exclusive
+    /// (nobody else holds its owner, so no view or clone reads underneath).
     writable: bool,
     /// The private copy of a read-only tensor, made at the first write.
     copy: Option<Bytes>,
@@ -168,9 +177,11 @@ impl AllocationController for TensorController {
                 std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len())
             });
         }
-        // SAFETY: the tensor is writable: whoever vouched for its memory vouched for writes
-        // (`Tensor::from_descriptor` obligation 1), its span is `base..base + len`, kept alive
-        // by `_tensor`, and `&mut self` makes this the only borrow of the bytes through burn.
+        // SAFETY: the tensor is writable (whoever vouched for its memory vouched for writes,
+        // `Tensor::from_descriptor` obligation 1) and exclusive: `_keep` is the only holder of
+        // its owner, so no other tensor, view or export reads the bytes; its span is
+        // `base..base + len`, kept alive by `_keep`, and `&mut self` makes this the only
+        // borrow of the bytes through burn.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().cast(), self.len) })
     }
 }
@@ -179,34 +190,65 @@ impl AllocationController for TensorController {
 /// (its owner kept by burn's byte controller), with the tensor's shape, strides (negative
 /// ones included) and element 0 as burn's start offset.
 ///
-/// burn reads the memory where it lies. When burn writes a tensor it holds alone (its
-/// in-place operations), a writable tensor's memory is written in place, as a consumer of
-/// the tensor would; a read-only tensor is copied first (copy-on-write).
+/// burn reads the memory where it lies. When burn writes (its in-place operations), it
+/// writes a private copy made at its first write (copy-on-write), whatever the tensor's
+/// access: the tensor is shared (`&Tensor`), so clones, views (`&[T]`, ndarray views) and
+/// exports of it may be reading. [`export_primitive_exclusive`] writes in place.
 ///
 /// Refused: memory the host cannot touch and pending device work (the core's
 /// `NotHostAccessible`, `NotReady`), dtypes burn-flex lacks ([`Error::UnsupportedDType`],
 /// booleans included).
 pub fn export_primitive(tensor: &Tensor) -> Result<FlexTensor, Error> {
-    let dtype = burn_dtype_of(tensor.dtype())?;
-    let size = tensor.dtype().itemsize();
-    // Host access and readiness, as a host view needs them (the view is discarded).
-    let r = tensor.as_ref();
-    if !tensor.device().kind.is_host_accessible() {
+    export_with(
+        tensor.descriptor(),
+        tensor.ready(),
+        Keep::Shared(tensor.clone()),
+    )
+}
+
+/// A tensor proven to have no other holder ([`Tensor::into_exclusive`]) as a burn-flex
+/// tensor, zero-copy as [`export_primitive`], with burn's in-place operations writing the
+/// tensor's memory itself when the tensor is writable (read-only ones are copied at burn's
+/// first write). Nothing else can read the memory meanwhile: the exclusive tensor moves into
+/// burn's storage, and the owner has no other holder.
+///
+/// ```
+/// use burn_tensor::{Float, Tensor as Burn};
+/// let t = tensorbridge::Tensor::from_vec(vec![1f32, 2.], &[2])?;
+/// let ptr = t.data_ptr();
+/// let only = t.into_exclusive().expect("no other clone");
+/// let b: Burn<1, Float> = tensorbridge_burn::export_exclusive(only)?.add_scalar(10.0);
+/// let back = tensorbridge_burn::import(b)?;
+/// assert_eq!(back.data_ptr(), ptr); // written in place
+/// assert_eq!(back.host_view::<f32>()?.to_contiguous(), [11., 12.]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn export_primitive_exclusive(tensor: ExclusiveTensor) -> Result<FlexTensor, Error> {
+    let (desc, ready) = (tensor.descriptor().clone(), tensor.ready().clone());
+    export_with(&desc, &ready, Keep::Exclusive(tensor))
+}
+
+/// [`export_primitive`] and [`export_primitive_exclusive`]: `desc` and `ready` are `keep`'s.
+fn export_with(desc: &Descriptor, ready: &Ready, keep: Keep) -> Result<FlexTensor, Error> {
+    let dtype = burn_dtype_of(desc.dtype())?;
+    let size = desc.dtype().itemsize();
+    // Host access and readiness, as a host view needs them.
+    if !desc.device().kind.is_host_accessible() {
         return Err(tensorbridge::Error::NotHostAccessible {
-            device: tensor.device(),
+            device: desc.device(),
         }
         .into());
     }
-    if !r.ready().is_now() {
+    if !ready.is_now() {
         return Err(tensorbridge::Error::NotReady.into());
     }
     let overflow = |what| tensorbridge::Error::Overflow { what };
-    let (first, last) = tensor.layout().elem_reach();
-    let empty = tensor.numel() == 0;
+    let (first, last) = desc.layout().elem_reach();
+    let empty = desc.numel() == 0;
     let (base, len, start) = if empty {
         (NonNull::<u64>::dangling().cast::<u8>(), 0, 0)
     } else {
-        let lo = tensor.data_ptr() as isize + first as isize * size as isize;
+        let lo = desc.data_ptr() as isize + first as isize * size as isize;
         let len = usize::try_from((last - first + 1) as i128 * size as i128)
             .map_err(|_| overflow("byte span"))?;
         let base = NonNull::new(lo as *mut u8).ok_or(overflow("data pointer"))?;
@@ -216,21 +258,22 @@ pub fn export_primitive(tensor: &Tensor) -> Result<FlexTensor, Error> {
             usize::try_from(-first).map_err(|_| overflow("start offset"))?,
         )
     };
-    let dims: Vec<usize> = tensor.shape().iter().map(|&n| n as usize).collect();
+    let dims: Vec<usize> = desc.shape().iter().map(|&n| n as usize).collect();
     let strides: Vec<isize> = if empty {
         // burn needs no particular strides where nothing is reachable.
         FlexLayout::contiguous(Shape::from(dims.clone()))
             .strides()
             .to_vec()
     } else {
-        tensor.strides_elems().iter().map(|&s| s as isize).collect()
+        desc.strides_elems().iter().map(|&s| s as isize).collect()
     };
+    let writable = matches!(keep, Keep::Exclusive(_)) && !desc.is_readonly();
     let controller = TensorController {
-        _tensor: tensor.clone(),
+        _keep: keep,
         base,
         len,
         align: size,
-        writable: !tensor.is_readonly(),
+        writable,
         copy: None,
     };
     // SAFETY: `len` bytes are initialised in the controller: the tensor's span, which its
@@ -241,22 +284,49 @@ pub fn export_primitive(tensor: &Tensor) -> Result<FlexTensor, Error> {
 }
 
 /// A host [`Tensor`] as a burn (dispatching) tensor on the Flex backend, of rank `D` and kind
-/// `K` (`Float` for floating dtypes, `Int` for integers): [`export_primitive`], wrapped.
+/// `K` (`Float` for floating dtypes, `Int` for integers): [`export_primitive`], wrapped
+/// (copy-on-write: burn's in-place operations write a copy).
 pub fn export<const D: usize, K>(tensor: &Tensor) -> Result<burn_tensor::Tensor<D, K>, Error>
 where
     K: burn_tensor::kind::Basic
         + burn_tensor::kind::TensorKind
         + burn_tensor::BackendPrimitive<Flex, Primitive = FlexTensor>,
 {
-    if tensor.ndim() != D {
+    check_kind::<D, K>(tensor.descriptor())?;
+    let primitive = export_primitive(tensor)?;
+    Ok(burn_tensor::Tensor::from_primitive::<Flex>(primitive))
+}
+
+/// An exclusive host tensor as a burn (dispatching) tensor on the Flex backend, of rank `D`
+/// and kind `K`: [`export_primitive_exclusive`], wrapped (burn's in-place operations write
+/// a writable tensor's memory).
+pub fn export_exclusive<const D: usize, K>(
+    tensor: ExclusiveTensor,
+) -> Result<burn_tensor::Tensor<D, K>, Error>
+where
+    K: burn_tensor::kind::Basic
+        + burn_tensor::kind::TensorKind
+        + burn_tensor::BackendPrimitive<Flex, Primitive = FlexTensor>,
+{
+    check_kind::<D, K>(tensor.descriptor())?;
+    let primitive = export_primitive_exclusive(tensor)?;
+    Ok(burn_tensor::Tensor::from_primitive::<Flex>(primitive))
+}
+
+/// Whether a tensor described by `desc` fits burn's `Tensor<D, K>`.
+fn check_kind<const D: usize, K>(desc: &Descriptor) -> Result<(), Error>
+where
+    K: burn_tensor::kind::Basic + burn_tensor::kind::TensorKind,
+{
+    if desc.ndim() != D {
         return Err(Error::WrongBurnTensor {
-            what: format!("a tensor of {} dimensions", tensor.ndim()),
+            what: format!("a tensor of {} dimensions", desc.ndim()),
             expected: "as many dimensions as the burn tensor's rank D",
         });
     }
     use burn_tensor::kind::Kind;
     use tensorbridge::DTypeCode;
-    let code = tensor.dtype().code();
+    let code = desc.dtype().code();
     let fits = match K::KIND {
         Kind::Float => matches!(code, DTypeCode::Float | DTypeCode::Bfloat),
         Kind::Int => matches!(code, DTypeCode::Int | DTypeCode::UInt),
@@ -266,12 +336,11 @@ where
         return Err(Error::WrongBurnTensor {
             what: format!(
                 "a {} tensor asked for as a burn {} tensor",
-                tensor.dtype(),
+                desc.dtype(),
                 K::name()
             ),
             expected: "Float for floating-point dtypes, Int for integer dtypes",
         });
     }
-    let primitive = export_primitive(tensor)?;
-    Ok(burn_tensor::Tensor::from_primitive::<Flex>(primitive))
+    Ok(())
 }

@@ -6,7 +6,8 @@
 //! | direction | call | data | stream |
 //! |---|---|---|---|
 //! | burn `Tensor<D, K>` (Flex) -> [`Tensor`] | [`import`], [`import_primitive`] (a `FlexTensor`) | zero-copy, read-only: burn's shape, strides (negative ones included), start offset; a clone of the burn tensor is the owner | ready now (burn-flex runs on the host) |
-//! | host [`Tensor`] -> burn `Tensor<D, K>` (Flex) | [`export`], [`export_primitive`] | zero-copy: burn's storage is the tensor's memory, through a byte controller that holds the tensor; burn's in-place writes go to writable memory in place, read-only memory is copied first | needs the tensor ready now |
+//! | host [`Tensor`] -> burn `Tensor<D, K>` (Flex) | [`export`], [`export_primitive`] | zero-copy reads: burn's storage is the tensor's memory, through a byte controller that holds a clone of the tensor; copy-on-write: burn's in-place operations write a copy made at the first write | needs the tensor ready now |
+//! | exclusive tensor ([`ExclusiveTensor`](tensorbridge::ExclusiveTensor)) -> burn `Tensor<D, K>` (Flex) | [`export_exclusive`], [`export_primitive_exclusive`] | zero-copy both ways: burn's in-place operations write a writable tensor's memory (read-only memory is copied first) | needs the tensor ready now |
 //!
 //! ```
 //! use burn_tensor::{Int, Tensor as Burn};
@@ -26,9 +27,17 @@
 //!   `Bytes::from_controller`) that holds a clone of the tensor, so the tensor's owner is
 //!   released once, when burn drops the last tensor sharing the bytes. burn-flex writes a
 //!   storage in place only when one burn tensor holds it alone; the controller then hands out
-//!   the tensor's memory (writable tensors: the write is visible to every holder of the
-//!   tensor, as any consumer's would be) or a private copy (read-only tensors; refused with
-//!   `AccessError::WouldCopy` where burn forbids copies).
+//!   a private copy made at that first write (refused with `AccessError::WouldCopy` where
+//!   burn forbids copies), or the tensor's memory itself only when the tensor is writable
+//!   and was exported exclusive.
+//!
+//! # Soundness
+//! Safe code never writes under a live shared borrow. A `&Tensor` may have clones, `&[T]`
+//! slices, host views, ndarray views and exports reading the same bytes, so [`export`]
+//! never lets burn write them: its storage is copy-on-write whatever the tensor's access.
+//! [`export_exclusive`] takes an [`ExclusiveTensor`](tensorbridge::ExclusiveTensor), the
+//! proof (`Tensor::into_exclusive`) that the tensor is the only holder of its owner and is
+//! borrowed by nothing; it moves into burn's storage, which burn then writes alone.
 //!
 //! # Limitations
 //! - **burn's GPU backends (CubeCL: CUDA, ROCm, wgpu, Metal) cannot take foreign memory or a
@@ -55,7 +64,10 @@ mod convert;
 mod dtype;
 mod error;
 
-pub use convert::{export, export_primitive, import, import_primitive};
+pub use convert::{
+    export, export_exclusive, export_primitive, export_primitive_exclusive, import,
+    import_primitive,
+};
 pub use dtype::{burn_dtype_of, dtype_of_burn};
 pub use error::Error;
 

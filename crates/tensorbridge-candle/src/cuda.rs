@@ -216,6 +216,9 @@ pub(crate) fn export_leaked(
     tensor: &Tensor,
     device: &candle_core::CudaDevice,
 ) -> Result<candle_core::Tensor, Error> {
+    // Checked by the caller too; here again so that no path of this function makes a
+    // read-only tensor writable.
+    crate::export::refuse_read_only(tensor)?;
     let stream = device.cuda_stream();
     let ordinal = stream.context().ordinal();
     if tensor.device() != Device::cuda(ordinal as u32) {

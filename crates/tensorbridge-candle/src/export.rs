@@ -127,14 +127,22 @@ pub fn export_copied(
 /// loaded once); everything else is copied ([`export_copied`]). candle's stream waits (on the
 /// GPU) for the tensor's readiness first, so candle's kernels see the producer's writes.
 ///
-/// Refused: host tensors and tensors on another device than `device`
-/// ([`Error::DeviceMismatch`]), strided tensors ([`Error::NotZeroCopy`]: candle builds storage
-/// tensors contiguous), dtypes candle's CUDA storage lacks. Builds without the `cuda` feature
-/// refuse every tensor ([`Error::UnsupportedDevice`]).
+/// Refused, first and on every build: read-only tensors ([`Error::NotZeroCopy`]): candle
+/// writes its storages in place from safe code (`slice_set`, `const_set`, in-place custom
+/// ops) and has no read-only flag, so a read-only share or a JAX array would become
+/// writable; copy it instead. Then host tensors and tensors on another device than `device`
+/// ([`Error::DeviceMismatch`]), strided tensors ([`Error::NotZeroCopy`]: candle builds
+/// storage tensors contiguous), dtypes candle's CUDA storage lacks. Builds without the
+/// `cuda` feature refuse every tensor ([`Error::UnsupportedDevice`]).
+///
+/// A writable tensor's other holders see candle's writes as they would any consumer's:
+/// device work, ordered by streams, never under a host reference (CUDA device memory has no
+/// host view).
 pub fn export_leaked(
     tensor: &Tensor,
     device: &candle_core::Device,
 ) -> Result<candle_core::Tensor, Error> {
+    refuse_read_only(tensor)?;
     match device {
         #[cfg(feature = "cuda")]
         candle_core::Device::Cuda(cuda) => crate::cuda::export_leaked(tensor, cuda),
@@ -151,4 +159,17 @@ pub fn export_leaked(
             device: device_name(other),
         }),
     }
+}
+
+/// [`export_leaked`]'s first refusal: a read-only tensor never becomes a candle tensor,
+/// which safe candle code may write in place.
+pub(crate) fn refuse_read_only(tensor: &Tensor) -> Result<(), Error> {
+    if tensor.is_readonly() {
+        return Err(Error::NotZeroCopy {
+            what: "a read-only tensor",
+            why: "candle writes its storages in place from safe code (slice_set, const_set, in-place custom ops) and has no read-only flag",
+            instead: "export_copied",
+        });
+    }
+    Ok(())
 }

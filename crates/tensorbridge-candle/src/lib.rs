@@ -10,7 +10,7 @@
 //! | candle CPU `Tensor` -> tensor, lent for a scope | [`lend`] (safe: candle's storage lock held) | zero-copy, read-only | ready now |
 //! | [`Tensor`] -> candle, the tensor it came from | [`export`] | zero-copy: the original candle tensor | as it was |
 //! | host [`Tensor`] -> candle (any device) | [`export_copied`] | **a copy**, C order, from any strides | ready now (candle copies to its device itself) |
-//! | contiguous CUDA [`Tensor`] -> candle | [`export_leaked`] (`cuda`) | zero-copy; the memory and its owner **kept until the process exits** | candle's stream waits on the GPU for the tensor's readiness |
+//! | contiguous writable CUDA [`Tensor`] -> candle | [`export_leaked`] (`cuda`) | zero-copy; the memory and its owner **kept until the process exits**; read-only tensors refused (candle writes in place from safe code) | candle's stream waits on the GPU for the tensor's readiness |
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -36,6 +36,16 @@
 //!   would free it when the storage dies; so the storage never dies (a clone of the candle
 //!   tensor is forgotten) and the foreign owner is never released (a clone of the tensor is
 //!   forgotten). Nothing is freed twice and nothing early; the memory stays until exit.
+//!
+//! # Soundness of the exports
+//! A candle tensor is writable from safe code (`slice_set`, `const_set`, in-place custom
+//! ops), so no export widens access: [`export`] hands back the candle tensor only for a
+//! writable tensor (an unchanged import, whose `unsafe` [`import`] already promised that
+//! candle's in-place writes race no reader), [`export_leaked`] refuses read-only tensors
+//! before anything else (a JAX array or a read-only share would become writable), and
+//! [`export_copied`] gives candle a copy it owns. A writable CUDA tensor's other holders see
+//! candle's writes as device work, ordered by streams; CUDA device memory has no host view
+//! for safe code to hold across them.
 //!
 //! # Safety of [`import`]
 //! candle writes some storages in place from safe code (`const_set`, `slice_set`,

@@ -55,10 +55,10 @@
 //! | `tensorbridge-dlpack` | `import_versioned`, `import_legacy` | `export_versioned`, `export_legacy` | | the imports (`unsafe`: a raw managed-tensor pointer) |
 //! | `tensorbridge-cai` | `CudaArrayInterface::import`, `ArrayInterface::import` | `CudaArrayInterface::export`, `ArrayInterface::export` | | |
 //! | `tensorbridge-cudarc` | `import`, `import_shaped` | `try_into_slice` | `lend`, `lend_shaped`, `view`, `view_mut`, `KernelArgs` | `Lent::make_ready_on_raw`, `Lent::join_raw` |
-//! | `tensorbridge-tch` | `import` | `export`, `export_with` | `with_current_stream` (libtorch's stream, for your kernel) | |
+//! | `tensorbridge-tch` | `import` | `export_exclusive` (an [`ExclusiveTensor`]), `export`, `export_with` (`unsafe`: a shared tensor, which safe tch code could write under a live view) | `with_current_stream` (libtorch's stream, for your kernel) | |
 //! | `tensorbridge-pyo3` | `import`, `AnyTensor` | `export` (a `View`) | `kernel_call` (the arguments and their framework's stream, for your kernel) | `import_on_raw` (a raw stream integer) |
 //! | `tensorbridge-ndarray` | `import` (an `Array`), `import_shared` (an `ArcArray`) | `view`, `view_mut` (`unsafe`), `try_into_array` | `lend`, `lend_mut`, `view_ref`, `view_mut_ref` | |
-//! | `tensorbridge-burn` | `import` (burn's `Tensor<D, K>`), `import_primitive` (a `FlexTensor`) | `export`, `export_primitive` | | |
+//! | `tensorbridge-burn` | `import` (burn's `Tensor<D, K>`), `import_primitive` (a `FlexTensor`) | `export`, `export_primitive` (copy-on-write), `export_exclusive`, `export_primitive_exclusive` (an [`ExclusiveTensor`], written in place) | | |
 //! | `tensorbridge-candle` | `import` (`unsafe`: candle's in-place writes) | `export` (the candle tensor it came from), `export_copied` (a copy), `export_leaked` (CUDA, kept until exit) | `lend` (CPU, candle's storage lock held) | |
 //! | `tensorbridge-cuda` (not an adapter) | | | | every `_raw` function: `handoff_raw`, `make_ready_on_raw`, `join_raw`, `CudaSignal::record_raw`, `wait_on_raw`, `retire_on_raw`, `with_stream_raw` |
 //!
@@ -66,6 +66,11 @@
 //! A [`Tensor`] holds an [`Owner`] (`Arc<dyn Any + Send + Sync>`). Cloning the tensor clones
 //! the `Arc`; dropping the last clone drops the owner, which releases the memory exactly
 //! once (a DLPack deleter, a Python reference, a `Vec`).
+//!
+//! Safe code never writes under a shared borrow: a writer (a mutable host view, an export to
+//! a framework that writes in place) needs an [`ExclusiveTensor`], a tensor proven to be the
+//! only holder of its owner ([`Tensor::into_exclusive`]); a shared [`Tensor`] gives writers
+//! a copy-on-write or read-only export, or nothing without `unsafe`.
 //!
 //! # Threads
 //! Every value type is `Send + Sync` (checked at compile time below, with the reason for
@@ -99,7 +104,7 @@ pub use stream::{
     Ready, ReadySignal, SignalError, Stream, StreamConvention, StreamHandle, StreamRequest,
     stream_from_wire, stream_to_wire,
 };
-pub use tensor::{Access, Descriptor, Owner, RawTensor, Tensor, TensorRef};
+pub use tensor::{Access, Descriptor, ExclusiveTensor, Owner, RawTensor, Tensor, TensorRef};
 pub use view::{Bool8, Element, HostView, HostViewMut, Iter};
 
 // Thread safety of the public types, checked at compile time. Why each one may cross and be
@@ -114,6 +119,8 @@ pub use view::{Bool8, Element, HostView, HostViewMut, Iter};
 //   clone on any thread is allowed by its type) and a `Ready` (its signal is
 //   `Arc<dyn ReadySignal>`, and `ReadySignal: Send + Sync`). Access to the memory goes
 //   through `unsafe` or checked views whose contracts cover concurrent use.
+// - `ExclusiveTensor`: a `Tensor`; its mutable view needs `&mut self`, so sharing it
+//   across threads shares only reads.
 // - `Error`, `SignalError`: plain data and strings.
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
@@ -133,6 +140,7 @@ const _: () = {
     assert_send_sync::<Descriptor>();
     assert_send_sync::<RawTensor<'static>>();
     assert_send_sync::<Tensor>();
+    assert_send_sync::<ExclusiveTensor>();
     assert_send_sync::<TensorRef<'static>>();
     assert_send_sync::<Ready>();
     assert_send_sync::<Owner>();

@@ -696,6 +696,109 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// This tensor as an [`ExclusiveTensor`] when it is the only holder of its owner: no
+    /// other clone of this tensor exists, nor any other clone of its owner (a DLPack export,
+    /// a framework's storage, a `Weak` that could become one): `Arc::get_mut`'s test. The
+    /// tensor comes back unchanged otherwise.
+    ///
+    /// Taking `self` by value also proves that no view borrowed from it is alive. What the
+    /// answer cannot see is another owner over the same bytes; a safe adapter never makes
+    /// one for memory safe Rust can still reach (see [`ExclusiveTensor`]).
+    ///
+    /// ```
+    /// use tensorbridge_core::Tensor;
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// let other = t.clone();
+    /// let t = t.into_exclusive().unwrap_err(); // `other` shares the owner
+    /// drop(other);
+    /// let mut only = t.into_exclusive().unwrap();
+    /// only.host_view_mut::<f32>()?.set(&[0], 5.0)?; // safe: nobody else can look
+    /// assert_eq!(only.into_tensor().host_view::<f32>()?.get(&[0])?, 5.0);
+    /// # Ok::<(), tensorbridge_core::Error>(())
+    /// ```
+    #[allow(
+        clippy::result_large_err,
+        reason = "the tensor itself comes back, as large as the success; boxing it would allocate"
+    )]
+    pub fn into_exclusive(mut self) -> Result<ExclusiveTensor, Tensor> {
+        if Arc::get_mut(&mut self.owner).is_some() {
+            Ok(ExclusiveTensor(self))
+        } else {
+            Err(self)
+        }
+    }
+}
+
+/// A [`Tensor`] proven to be the only holder of its owner ([`Tensor::into_exclusive`]): what
+/// lets safe code hand its memory to a writer (burn's in-place operations, a mutable host
+/// view) without a shared view reading underneath.
+///
+/// # Soundness
+/// Not `Clone`, and it never lends its owner or the inner [`Tensor`] (either could be cloned
+/// into a second holder): it gives the description, the readiness, host views borrowed from
+/// itself (mutable ones through `&mut self`), and the tensor back by value
+/// ([`into_tensor`](Self::into_tensor)), after which it is shared like any tensor. Other
+/// owners over the same bytes are ruled out by the adapters, not here: every safe import
+/// that makes a writable tensor moves the memory's only Rust owner into it (a `Vec`, an
+/// ndarray `Array`, a cudarc slice), lends it for a scope as a borrowed form, or is
+/// `unsafe` with the promise as an obligation ([`Tensor::from_descriptor`] obligation 2);
+/// memory a foreign producer also reaches (a NumPy array) is shared by that protocol, under
+/// the importer's promise. Access is unchanged: an exclusive read-only tensor is still
+/// never written.
+pub struct ExclusiveTensor(Tensor);
+
+impl ExclusiveTensor {
+    /// The validated description.
+    #[inline]
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.0.desc
+    }
+
+    /// Where the data becomes ready.
+    #[inline]
+    pub fn ready(&self) -> &Ready {
+        &self.0.ready
+    }
+
+    /// The tensor, shared again (clones may follow).
+    #[inline]
+    pub fn into_tensor(self) -> Tensor {
+        self.0
+    }
+
+    /// A typed read-only view over host memory ([`TensorRef::host_view`]).
+    pub fn host_view<T: Element>(&self) -> Result<HostView<'_, T>, Error> {
+        self.0.as_ref().host_view()
+    }
+
+    /// A typed writable view over host memory, safe: the borrow of `self` is the only way
+    /// to the bytes. Fails as [`host_view`](Self::host_view) does, and with
+    /// [`Error::ReadOnly`] for a read-only tensor.
+    pub fn host_view_mut<T: Element>(&mut self) -> Result<HostViewMut<'_, T>, Error> {
+        // SAFETY: obligation 1 (nothing else reads or writes the bytes while the view
+        // lives): the owner has no other holder (checked by `into_exclusive`, and never
+        // lent since), so no other tensor, view or export of this owner exists, and the
+        // view borrows `self` mutably, so no other view of `self` does either.
+        unsafe { self.0.as_ref().host_view_mut() }
+    }
+}
+
+impl Deref for ExclusiveTensor {
+    type Target = Descriptor;
+
+    #[inline]
+    fn deref(&self) -> &Descriptor {
+        &self.0.desc
+    }
+}
+
+impl fmt::Debug for ExclusiveTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ExclusiveTensor").field(&self.0).finish()
+    }
+}
+
 /// A tensor borrowed for `'a`: its validated description and its readiness, with the memory
 /// kept valid by whatever the borrow is of (a [`Tensor`]'s owner through [`Tensor::as_ref`],
 /// or an adapter's argument pinned for one call) instead of an owner of its own.

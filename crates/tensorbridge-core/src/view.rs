@@ -1,5 +1,10 @@
 //! Typed host views over validated tensors: strided reads, writes and iteration, and the
 //! reference `to_contiguous` copy that tests use as their oracle.
+//!
+//! Safe code never gets a writable view under a shared borrow: read-only views come from a
+//! shared tensor (`Tensor::host_view`, `TensorRef::as_slice`), writable ones only from the
+//! `unsafe` `Tensor::host_view_mut` (its caller promises exclusivity) or from
+//! `ExclusiveTensor::host_view_mut`, which borrows the owner's only holder mutably.
 
 use std::marker::PhantomData;
 

@@ -83,6 +83,11 @@
 //! As with any cudarc launch, the launch itself is `unsafe`: the kernel's signature, bounds,
 //! and use of the view's stream are the caller's promise.
 //!
+//! No safe function writes under a shared borrow: the safe writable views
+//! ([`KernelArgs::output`], [`Lent::view_mut`]) only name memory; what writes is the
+//! `unsafe` launch, and the memory views take (device and managed) is not host-accessible in
+//! the core's model, so no safe host view or slice reads it meanwhile.
+//!
 //! # Your own kernel on a framework's tensors
 //! A kernel that reads some tensors and writes others in place, for PyTorch, CuPy, JAX or
 //! libtorch users, runs best on the framework's current stream, borrowed as a cudarc stream
@@ -112,6 +117,10 @@
 //! 5. the loader's own search by name (`LD_LIBRARY_PATH`, rpath, `ldconfig`).
 //!
 //! Names `libnvrtc.so.13`, `libnvrtc.so.12`, `libnvrtc.so`, in that order, in each place.
+//! Only absolute paths are opened: a variable that is empty (`ENV CUDA_HOME=`) or relative
+//! is ignored, since it would name a file under the current directory, whose libraries
+//! nobody vouches for (opening a library runs its initialisers). The `libnvrtc-builtins`
+//! beside the library found is opened by the one name NVRTC's version implies.
 //!
 //! # Contexts
 //! Like the CUDA layer, every function of this crate leaves the calling thread's current

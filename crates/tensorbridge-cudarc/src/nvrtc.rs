@@ -19,8 +19,21 @@
 //! library found, and the `libnvrtc-builtins` beside it (which NVRTC opens by name when it
 //! compiles, and the loader would not find in a wheel's directory), stay loaded for the life
 //! of the process; [`nvrtc_path`] says which.
+//!
+//! # What is trusted
+//! Opening a library runs its initialisers, so a path is opened only when it cannot depend on
+//! the current directory (which may be an untrusted checkout): every variable above counts
+//! only when it holds an absolute path. An empty value (`ENV CUDA_HOME=` in an image) or a
+//! relative one is ignored as if unset, never joined (joined, `""` became `lib64/...` and
+//! `lib/python*/site-packages/...` under the current directory). Mapped libraries are named
+//! by absolute paths. The builtins library is opened by the one name NVRTC's version implies
+//! (`libnvrtc-builtins.so.MAJOR.MINOR`) in the directory NVRTC was found in, not by a
+//! pattern. Step 5 is the loader's: a bare name, which `dlopen` never resolves against the
+//! current directory (unless `LD_LIBRARY_PATH` itself names it, which is the loader's rule
+//! and the environment's choice). The candidates are a function of the environment and
+//! the mapped libraries ([`candidates`]), tested without NVRTC.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, OsString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -66,9 +79,6 @@ impl Api {
         // named like libnvrtc is taken to be NVRTC (its symbols are checked below, and typed
         // as NVRTC's public header declares them).
         let lib = unsafe { libloading::Library::new(name) }.ok()?;
-        if let Some(dir) = name.parent().filter(|d| !d.as_os_str().is_empty()) {
-            preload_builtins(dir);
-        }
         /// One symbol as a plain function pointer (valid while `lib` is loaded: forever).
         macro_rules! sym {
             ($name:literal) => {
@@ -86,7 +96,7 @@ impl Api {
                     .map(|s| *s)
             };
         }
-        Some(Api {
+        let api = Api {
             version: sym!("nvrtcVersion"),
             num_archs: opt_sym!("nvrtcGetNumSupportedArchs"),
             archs: opt_sym!("nvrtcGetSupportedArchs"),
@@ -104,7 +114,16 @@ impl Api {
             error_string: sym!("nvrtcGetErrorString"),
             path: name.to_path_buf(),
             _lib: lib,
-        })
+        };
+        // A bare name was the loader's search, which finds the builtins by name too.
+        if let Some(dir) = name.parent().filter(|d| d.is_absolute()) {
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: two live out-parameters NVRTC writes once each.
+            if unsafe { (api.version)(&mut major, &mut minor) } == 0 {
+                preload_builtins(&dir.join(builtins_name(major, minor)));
+            }
+        }
+        Some(api)
     }
 
     /// NVRTC's name for a result code.
@@ -120,24 +139,26 @@ impl Api {
     }
 }
 
-/// Maps the `libnvrtc-builtins` beside a libnvrtc found in `dir`, for good: NVRTC opens it by
-/// name when it compiles, which the loader finds only on its own path (a wheel's directory is
-/// not), or already mapped (it is then, by its soname).
-fn preload_builtins(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// The file name of the builtins library NVRTC `major.minor` opens by name when it compiles
+/// (its soname: `libnvrtc-builtins.so.13.0` for NVRTC 13.0).
+fn builtins_name(major: c_int, minor: c_int) -> String {
+    format!("libnvrtc-builtins.so.{major}.{minor}")
+}
+
+/// Maps `file`, the builtins library beside a libnvrtc found in an absolute directory, for
+/// good: NVRTC opens it by name when it compiles, which the loader finds only on its own path
+/// (a wheel's directory is not), or already mapped (it is then, by its soname). Nothing else
+/// in the directory is opened.
+fn preload_builtins(file: &Path) {
+    if !file.is_file() {
         return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("libnvrtc-builtins.so") {
-            // SAFETY: NVRTC's own builtins library, beside it, which NVRTC itself would load;
-            // loading runs its initialisers. Kept mapped for the life of the process (NVRTC
-            // finds it by soname whenever it compiles).
-            if let Ok(lib) = unsafe { libloading::Library::new(e.path()) } {
-                std::mem::forget(lib);
-            }
-        }
+    }
+    // SAFETY: NVRTC's own builtins library, by the exact name NVRTC loads, beside it in the
+    // directory NVRTC was found in (an absolute path); loading runs its initialisers, as
+    // NVRTC's own load would. Kept mapped for the life of the process (NVRTC finds it by
+    // soname whenever it compiles).
+    if let Ok(lib) = unsafe { libloading::Library::new(file) } {
+        std::mem::forget(lib);
     }
 }
 
@@ -172,9 +193,23 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
     (r == 0).then_some((major, minor))
 }
 
-/// The candidates, in the order of the module docs.
+/// The candidates of this process, in the order of the module docs.
 fn search() -> Vec<PathBuf> {
-    let mapped = mapped_libraries();
+    candidates(&|name| std::env::var_os(name), &mapped_libraries())
+}
+
+/// A variable's value when it names a place that does not depend on the current directory:
+/// an absolute path. Empty and relative values are ignored as if unset.
+fn absolute(value: Option<OsString>) -> Option<PathBuf> {
+    let path = PathBuf::from(value?);
+    path.is_absolute().then_some(path)
+}
+
+/// The candidates for the environment `var` reads and the `mapped` libraries, in the order
+/// of the module docs: absolute paths of files that exist, then the loader's bare names.
+/// Reads nothing but `var` and the file system under absolute paths.
+fn candidates(var: &dyn Fn(&str) -> Option<OsString>, mapped: &[PathBuf]) -> Vec<PathBuf> {
+    let mapped: Vec<&PathBuf> = mapped.iter().filter(|p| p.is_absolute()).collect();
     let mut found: Vec<PathBuf> = mapped
         .iter()
         .filter(|p| {
@@ -182,27 +217,27 @@ fn search() -> Vec<PathBuf> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| NAMES.iter().any(|want| n.starts_with(want)))
         })
-        .cloned()
+        .map(|p| (*p).clone())
         .collect();
-    if let Some(explicit) = std::env::var_os("TENSORBRIDGE_NVRTC") {
-        found.push(PathBuf::from(explicit));
+    if let Some(explicit) = absolute(var("TENSORBRIDGE_NVRTC")) {
+        found.push(explicit);
     }
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut site_packages: Vec<PathBuf> =
         mapped.iter().filter_map(|p| site_packages_of(p)).collect();
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(prefix) = std::env::var_os(var) {
-            site_packages.extend(site_packages_under(Path::new(&prefix)));
+    for name in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(prefix) = absolute(var(name)) {
+            site_packages.extend(site_packages_under(&prefix));
         }
     }
     for sp in site_packages {
         dirs.push(sp.join("nvidia/cu13/lib"));
         dirs.push(sp.join("nvidia/cuda_nvrtc/lib"));
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(home) = std::env::var_os(var) {
-            dirs.push(Path::new(&home).join("lib64"));
-            dirs.push(Path::new(&home).join("lib"));
+    for name in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = absolute(var(name)) {
+            dirs.push(home.join("lib64"));
+            dirs.push(home.join("lib"));
         }
     }
     dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
@@ -219,6 +254,10 @@ fn search() -> Vec<PathBuf> {
         }
         seen.push(dir);
     }
+    // Every path so far is absolute (built only from absolute ones); kept so by construction
+    // and checked here, since opening a relative one would resolve it against the current
+    // directory.
+    found.retain(|p| p.is_absolute());
     // The loader's own search, by name.
     found.extend(NAMES.iter().map(PathBuf::from));
     found
@@ -479,6 +518,288 @@ mod tests {
             Some(PathBuf::from("/usr/lib/python3/dist-packages"))
         );
         assert_eq!(site_packages_of(Path::new("/usr/lib/libc.so.6")), None);
+    }
+
+    /// Every candidate is an absolute path, or one of the loader's bare names (which `dlopen`
+    /// never resolves against the current directory).
+    fn assert_not_relative(found: &[PathBuf]) {
+        for p in found {
+            assert!(
+                p.is_absolute() || NAMES.iter().any(|n| p.as_os_str() == *n),
+                "candidate {} depends on the current directory (all: {found:?})",
+                p.display()
+            );
+        }
+    }
+
+    #[test]
+    fn empty_and_relative_variables_are_ignored() {
+        let cwd = std::env::current_dir().unwrap();
+        for name in [
+            "TENSORBRIDGE_NVRTC",
+            "VIRTUAL_ENV",
+            "CONDA_PREFIX",
+            "CUDA_HOME",
+            "CUDA_PATH",
+        ] {
+            for value in ["", ".", "rel", "rel/lib64/libnvrtc.so.13", "./x"] {
+                let var = |n: &str| (n == name).then(|| OsString::from(value));
+                let found = candidates(&var, &[]);
+                assert_not_relative(&found);
+                // Nothing under the current directory, whatever it holds.
+                assert!(
+                    found.iter().all(|p| !p.starts_with(&cwd)),
+                    "{name}={value:?}"
+                );
+            }
+        }
+        // A relative "mapped" path (never in /proc/self/maps, but the input says so) too.
+        let found = candidates(
+            &|_| None,
+            &[PathBuf::from(
+                "lib/python3.12/site-packages/x/libnvrtc.so.13",
+            )],
+        );
+        assert_not_relative(&found);
+    }
+
+    #[test]
+    fn absolute_variables_are_searched() {
+        let dir = scratch("absolute");
+        let lib64 = dir.join("cuda/lib64");
+        std::fs::create_dir_all(&lib64).unwrap();
+        std::fs::write(lib64.join("libnvrtc.so.12"), b"").unwrap();
+        let sp = dir.join("venv/lib/python3.12/site-packages/nvidia/cu13/lib");
+        std::fs::create_dir_all(&sp).unwrap();
+        std::fs::write(sp.join("libnvrtc.so.13"), b"").unwrap();
+        let var = |n: &str| match n {
+            "CUDA_HOME" => Some(dir.join("cuda").into_os_string()),
+            "VIRTUAL_ENV" => Some(dir.join("venv").into_os_string()),
+            "TENSORBRIDGE_NVRTC" => Some(OsString::from("/opt/nvrtc/libnvrtc.so.13")),
+            _ => None,
+        };
+        let found = candidates(&var, &[]);
+        assert_eq!(
+            found[..3],
+            [
+                PathBuf::from("/opt/nvrtc/libnvrtc.so.13"),
+                sp.join("libnvrtc.so.13"),
+                lib64.join("libnvrtc.so.12"),
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn builtins_are_named_by_nvrtcs_version() {
+        assert_eq!(builtins_name(13, 0), "libnvrtc-builtins.so.13.0");
+        assert_eq!(builtins_name(12, 4), "libnvrtc-builtins.so.12.4");
+    }
+
+    /// A fresh scratch directory (absolute) for one test.
+    fn scratch(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "tb-nvrtc-{what}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Builds a shared library from C `source` into `out` with the system's `cc`.
+    fn cc_shared(source: &str, out: &Path) {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let src = std::env::temp_dir().join(format!("tb-nvrtc-{}-{n}.c", std::process::id()));
+        std::fs::write(&src, source).unwrap();
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(out)
+            .arg(&src)
+            .status()
+            .expect("this test needs a C compiler (`cc`)");
+        assert!(status.success(), "cc failed on {}", src.display());
+        std::fs::remove_file(&src).unwrap();
+    }
+
+    /// A library whose initialiser creates the file `marker`: proof that someone opened it.
+    fn planted(marker: &Path) -> String {
+        let marker = marker.to_str().unwrap();
+        assert!(!marker.contains(['"', '\\']), "a plain path: {marker}");
+        format!(
+            r#"
+            #include <stdio.h>
+            __attribute__((constructor)) static void planted(void) {{
+                FILE *f = fopen("{marker}", "w");
+                if (f) fclose(f);
+            }}
+            "#
+        )
+    }
+
+    /// Set in the child processes the tests below start (the test binary itself, running one
+    /// test in a directory and environment of the parent's choosing).
+    const CHILD: &str = "TB_NVRTC_CHILD";
+
+    /// The variables the search reads, removed from each child but the one under test.
+    const VARS: [&str; 5] = [
+        "TENSORBRIDGE_NVRTC",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    ];
+
+    /// Runs the test `name` of this binary in a child process, in `cwd`, with `vars` set
+    /// (the others of [`VARS`] removed); the check that it passed, to be run after any
+    /// check of what it left behind.
+    fn run_child(name: &str, cwd: &Path, vars: &[(&str, &OsString)]) -> impl FnOnce() + use<> {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .current_dir(cwd)
+            .env(CHILD, "1");
+        for v in VARS {
+            cmd.env_remove(v);
+        }
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let what = format!("child {name} with {vars:?}");
+        move || {
+            assert!(
+                out.status.success(),
+                "{what} failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// A library planted at every path an empty or relative variable would have led to, in
+    /// the child's current directory, is never opened: each variable set empty, then
+    /// relative, in a process of its own (the search runs once per process).
+    #[test]
+    fn planted_libraries_under_the_working_directory_never_load() {
+        const SELF: &str = "nvrtc::tests::planted_libraries_under_the_working_directory_never_load";
+        if std::env::var_os(CHILD).is_some() {
+            let found = search();
+            // Opens the candidates in order until one is NVRTC (none is here, unless the
+            // machine has one, which then comes first).
+            let _ = nvrtc_present();
+            assert_not_relative(&found);
+            return;
+        }
+        let dir = scratch("planted");
+        let marker = dir.join("marker");
+        let lib = dir.join("planted.so");
+        cc_shared(&planted(&marker), &lib);
+        // The planted library does write its marker when opened, so the marker's absence
+        // below means it was not opened.
+        // SAFETY: the test's own library, whose initialiser only creates a file.
+        drop(unsafe { libloading::Library::new(&lib) }.unwrap());
+        assert!(
+            marker.exists(),
+            "the planted library's initialiser writes its marker"
+        );
+        std::fs::remove_file(&marker).unwrap();
+        let cwd = dir.join("checkout");
+        for prefix in ["", "rel/"] {
+            for sub in [
+                "lib64",
+                "lib",
+                "lib/python3.12/site-packages/nvidia/cu13/lib",
+                "lib/python3.12/site-packages/nvidia/cuda_nvrtc/lib",
+                "Lib/site-packages/nvidia/cu13/lib",
+            ] {
+                let d = cwd.join(prefix).join(sub);
+                std::fs::create_dir_all(&d).unwrap();
+                for name in NAMES {
+                    std::fs::copy(&lib, d.join(name)).unwrap();
+                }
+            }
+        }
+        // Every case is run, and every failure reported at once.
+        let mut failures: Vec<String> = Vec::new();
+        let mut runs = 0;
+        for var in VARS {
+            for value in [
+                "",
+                "rel",
+                "rel/lib64/libnvrtc.so.13",
+                "lib64/libnvrtc.so.13",
+            ] {
+                let passed = run_child(SELF, &cwd, &[(var, &OsString::from(value))]);
+                if marker.exists() {
+                    failures.push(format!("{var}={value:?}: a planted library was opened"));
+                    std::fs::remove_file(&marker).unwrap();
+                }
+                if let Err(e) = std::panic::catch_unwind(passed) {
+                    let why = e.downcast_ref::<String>().cloned().unwrap_or_default();
+                    failures.push(format!("{var}={value:?}: {why}"));
+                }
+                runs += 1;
+            }
+        }
+        assert_eq!(runs, VARS.len() * 4);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stand-in NVRTC 13.0 (every function the crate resolves, doing nothing) found through
+    /// `TENSORBRIDGE_NVRTC`: beside it, the builtins of its version are opened and a file that
+    /// only starts like a builtins library is not.
+    #[test]
+    fn only_the_builtins_of_nvrtcs_version_are_opened() {
+        const SELF: &str = "nvrtc::tests::only_the_builtins_of_nvrtcs_version_are_opened";
+        if std::env::var_os(CHILD).is_some() {
+            assert!(nvrtc_present(), "the stand-in NVRTC loads");
+            assert_eq!(nvrtc_version(), Some((13, 0)));
+            return;
+        }
+        let dir = scratch("builtins");
+        let lib = dir.join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let stub = [
+            "nvrtcGetNumSupportedArchs",
+            "nvrtcGetSupportedArchs",
+            "nvrtcCreateProgram",
+            "nvrtcDestroyProgram",
+            "nvrtcAddNameExpression",
+            "nvrtcCompileProgram",
+            "nvrtcGetProgramLogSize",
+            "nvrtcGetProgramLog",
+            "nvrtcGetPTXSize",
+            "nvrtcGetPTX",
+            "nvrtcGetCUBINSize",
+            "nvrtcGetCUBIN",
+            "nvrtcGetLoweredName",
+        ]
+        .map(|f| format!("int {f}(void) {{ return 1; }}\n"))
+        .concat();
+        let fake = format!(
+            "{stub}int nvrtcVersion(int *major, int *minor) {{ *major = 13; *minor = 0; return 0; }}\n\
+             const char *nvrtcGetErrorString(int r) {{ (void)r; return \"stand-in\"; }}\n"
+        );
+        cc_shared(&fake, &lib.join("libnvrtc.so.13"));
+        // The right builtins write one marker, the impostors another.
+        let marker = dir.join("builtins-marker");
+        let impostor = dir.join("impostor-marker");
+        cc_shared(&planted(&marker), &lib.join("libnvrtc-builtins.so.13.0"));
+        for name in ["libnvrtc-builtins.so.13.0.evil", "libnvrtc-builtins.so"] {
+            cc_shared(&planted(&impostor), &lib.join(name));
+        }
+        let nvrtc = lib.join("libnvrtc.so.13").into_os_string();
+        let passed = run_child(SELF, &dir, &[("TENSORBRIDGE_NVRTC", &nvrtc)]);
+        assert!(
+            !impostor.exists(),
+            "a file only named like the builtins was opened"
+        );
+        passed();
+        assert!(marker.exists(), "the builtins of NVRTC 13.0 were preloaded");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

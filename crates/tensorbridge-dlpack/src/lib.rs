@@ -64,6 +64,14 @@
 //!   or any dimension, is imported the general way (validated as it reads now; its deleter,
 //!   whatever it is now, runs once).
 //!
+//! # Soundness of exports
+//! An export hands memory to a consumer as DLPack describes it; nothing in safe Rust reads
+//! or writes through it (dlpark's slice accessors are `unsafe`), so an export never writes
+//! under a live shared borrow itself. Access is never widened silently: a read-only tensor
+//! carries `READ_ONLY` in the versioned struct, and the legacy struct, which cannot say it,
+//! refuses it ([`Error::ReadOnlyToLegacy`]) unless the caller picks
+//! [`ReadOnlyPolicy::Discard`], taking on the foreign consumer's writes as its own risk.
+//!
 //! # Limitations
 //! - DLPack carries no stream (see above) and no allocation bounds: importing is `unsafe`
 //!   because only the caller can vouch that the data pointer is valid for what the

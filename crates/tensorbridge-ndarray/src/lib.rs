@@ -47,6 +47,14 @@
 //!   [`TensorRef`] (whose host views cannot leave the closure), and the tensor itself only
 //!   through the `unsafe` [`Lent::as_tensor`].
 //!
+//! # Soundness
+//! No safe function writes under a shared borrow. [`view`] and [`view_ref`] are read-only;
+//! the mutable views ([`view_mut`], [`view_mut_ref`]) are `unsafe`, since a [`Tensor`] is
+//! cheap to clone and a borrow of one proves nothing about its clones; [`lend_mut`] borrows
+//! the array exclusively for the closure; [`try_into_array`] gives the array back, writable,
+//! only to the last holder of its owner (`Arc::try_unwrap`); [`import_shared`] is
+//! read-only, since the `ArcArray`'s other clones read the buffer.
+//!
 //! # Limitations
 //! - Host memory only (`cpu`, `cuda_host`, `rocm_host`): ndarray has no device arrays.
 //! - Element types are the core's [`Element`]s (`i8`..`u64`, `f32`, `f64`, [`Bool8`]

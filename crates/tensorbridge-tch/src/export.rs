@@ -7,7 +7,7 @@ use std::ptr;
 
 #[cfg(doc)]
 use tensorbridge::Ready;
-use tensorbridge::{DeviceType, Owner, Stream, Tensor};
+use tensorbridge::{DeviceType, ExclusiveTensor, Owner, Stream, Tensor};
 
 use crate::Error;
 use crate::ffi::{self, ScalarType, TorchDeviceType};
@@ -98,13 +98,28 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 }
 
 /// A core [`Tensor`] as a tch tensor, zero-copy: [`export_with`] with the default options
-/// (read-only tensors are refused).
+/// (read-only tensors are refused). `unsafe` as [`export_with`] is; [`export_exclusive`] is
+/// the safe form.
+///
+/// # Safety
+/// Obligation 1 of [`export_with`].
+///
+/// Safe code cannot make libtorch write under a live view of a shared tensor:
+///
+/// ```compile_fail,E0133
+/// let t = tensorbridge::Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+/// let slice: &[f32] = t.as_ref().as_slice()?; // a live shared view
+/// let _ = tensorbridge_tch::export(&t)?.fill_(11.0); // refused: `export` is `unsafe`
+/// assert_eq!(slice, [1.0, 2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// ```
 /// use tensorbridge::Tensor;
 ///
 /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
-/// let torch = tensorbridge_tch::export(&t)?;
+/// // SAFETY: no view of `t` is alive while libtorch writes below.
+/// let torch = unsafe { tensorbridge_tch::export(&t) }?;
 /// assert_eq!(torch.size(), [2, 3]);
 /// assert_eq!(torch.data_ptr() as usize, t.data_ptr()); // the same memory
 /// let _ = torch.narrow(1, 0, 1).fill_(0.0); // libtorch writes through a view of its own
@@ -112,8 +127,37 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 /// assert_eq!(t.host_view::<f32>()?.to_contiguous(), [0.0, 2.0, 3.0, 0.0, 5.0, 6.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
-    export_with(tensor, ExportOptions::new())
+pub unsafe fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
+    // SAFETY: the caller's obligation 1, forwarded.
+    unsafe { export_with(tensor, ExportOptions::new()) }
+}
+
+/// A tensor proven to have no other holder ([`Tensor::into_exclusive`]) as a tch tensor,
+/// zero-copy, as [`export`] makes it: the sound way to let libtorch write in place from safe
+/// tch code (`fill_`, `add_`). The tensor moves into libtorch's storage (its owner released
+/// once, when libtorch frees the storage), so no Rust view or clone of it can read the
+/// memory while libtorch writes. Read-only tensors are refused ([`Error::ReadOnly`]), and
+/// everything else as [`export_with`] refuses it.
+///
+/// ```
+/// use tensorbridge::Tensor;
+///
+/// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+/// let ptr = t.data_ptr();
+/// let mut torch = tensorbridge_tch::export_exclusive(t.into_exclusive().expect("no clone"))?;
+/// let _ = torch.fill_(7.0); // safe tch code, writing in place: nobody else can look
+/// assert_eq!(torch.data_ptr() as usize, ptr);
+/// assert_eq!(Vec::<f32>::try_from(&torch)?, [7.0, 7.0, 7.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn export_exclusive(tensor: ExclusiveTensor) -> Result<tch::Tensor, Error> {
+    // The storage keeps a clone of the owner; this, its only other holder, goes at the end
+    // of the call, so libtorch's storage is the owner's one holder afterwards.
+    let tensor = tensor.into_tensor();
+    // SAFETY: obligation 1: the owner has no other holder (`ExclusiveTensor`) and `tensor`,
+    // its only Rust one, is dropped at the end of this call without a view made of it, so
+    // no Rust reference can read the memory libtorch writes.
+    unsafe { export_with(&tensor, ExportOptions::new()) }
 }
 
 /// A core [`Tensor`] as a tch tensor, zero-copy: `at::for_blob` over the tensor's element 0
@@ -140,7 +184,16 @@ pub fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
 /// ([`Error::UnsupportedDevice`]), ordinals above 127, and read-only tensors unless the
 /// options allow them ([`Error::ReadOnly`]). A refusal or a libtorch failure leaves no clone
 /// of the owner behind.
-pub fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tensor, Error> {
+///
+/// # Safety
+/// `unsafe` because libtorch has no read-only or copy-on-write tensors, and tch's in-place
+/// operations (`fill_`, `add_`, `copy_`) are safe: the memory becomes writable from safe code
+/// while the caller may still hold views of it. The caller guarantees:
+/// 1. while libtorch may write the memory (through the returned tch tensor or anything
+///    libtorch makes from it: views, shallow clones, DLPack exports), no Rust reference
+///    reads or writes it: no host view or slice of `tensor`, of a clone of it, or of another
+///    tensor over the same bytes is alive across such a write.
+pub unsafe fn export_with(tensor: &Tensor, options: ExportOptions) -> Result<tch::Tensor, Error> {
     if tensor.is_readonly() && !options.allow_read_only {
         return Err(Error::ReadOnly);
     }

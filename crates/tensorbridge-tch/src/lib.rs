@@ -8,7 +8,7 @@
 //! | direction | function | data | stream |
 //! |---|---|---|---|
 //! | `&tch::Tensor` -> [`Tensor`] | [`import`] (`unsafe`: the caller promises not to resize the storage meanwhile) | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
-//! | [`Tensor`] -> `tch::Tensor` | [`export`], [`export_with`] | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
+//! | [`Tensor`] -> `tch::Tensor` | [`export_exclusive`] (safe: a [`tensorbridge::ExclusiveTensor`]); `unsafe` [`export`], [`export_with`] (a shared `&Tensor`: the caller promises no Rust view reads while libtorch writes) | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
 //! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
 //! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
 //!
@@ -16,7 +16,8 @@
 //! use tensorbridge::Tensor;
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
-//! let torch = tensorbridge_tch::export(&t)?.transpose(0, 1); // libtorch's own view
+//! // Sound (`export`'s obligation 1): nothing writes through `torch` while views read below.
+//! let torch = unsafe { tensorbridge_tch::export(&t) }?.transpose(0, 1); // libtorch's own view
 //! // Sound: `export` made the storage, which libtorch refuses to resize, and no other thread
 //! // holds `torch`.
 //! let back = unsafe { tensorbridge_tch::import(&torch) }?;
@@ -64,10 +65,19 @@
 //!   thread through safe tch code.
 //! - tch's safe API lets two shallow clones of one storage live on two threads, and write
 //!   through one while the other reads: tch does not prevent data races on tensor memory.
-//!   [`import`] and [`export`] are safe on the same terms: a [`Tensor`] shared with
+//!   [`import`] and [`export`] make the same promise on the same terms: a [`Tensor`] shared with
 //!   libtorch is another alias of memory tch code may write. Reading it through a core host
 //!   view while safe tch code writes to it on another thread is a race, exactly as between
 //!   two tch tensors; keep such work on one thread, or ordered.
+//! - **Safe code never writes under a live shared borrow.** libtorch has no read-only or
+//!   copy-on-write tensors, and tch's in-place operations (`fill_`, `add_`) are safe: a
+//!   tch tensor over a shared [`Tensor`]'s memory would let safe code change the bytes under
+//!   a live `&[T]` slice or host view of it (or of a clone), which Rust's aliasing rules
+//!   forbid even on one thread. So the safe export, [`export_exclusive`], takes a
+//!   [`tensorbridge::ExclusiveTensor`] (the only holder of its owner, borrowed by nothing),
+//!   which moves into libtorch's storage; [`export`] and [`export_with`] take a shared
+//!   `&Tensor` and are `unsafe`, their caller promising that no Rust view reads the memory
+//!   while libtorch writes it.
 //! - Read-only tensors have no libtorch equivalent: [`export`] refuses them, and accepting
 //!   them is the `unsafe` [`ExportOptions::allow_read_only`], whose caller promises that
 //!   nothing writes through the result.
@@ -118,7 +128,7 @@ mod libtorch_dlpack;
 
 pub use dtype::{dtype_of_kind, kind_of_dtype};
 pub use error::Error;
-pub use export::{ExportOptions, export, export_with};
+pub use export::{ExportOptions, export, export_exclusive, export_with};
 pub use ffi::{ScalarType, TorchDevice, TorchDeviceType, TorchLayout};
 pub use import::{import, with_current_stream};
 

@@ -41,7 +41,8 @@ fn a_libtorch_dlpack_export_keeps_the_owner_until_its_deleter() {
         )
     };
     drop(t);
-    let torch = export(&counted).unwrap();
+    // SAFETY: obligation 1: nothing writes through the libtorch tensor.
+    let torch = unsafe { export(&counted) }.unwrap();
     drop(counted);
     let view = torch.transpose(0, 1).narrow(0, 1, 2); // libtorch's view of its own tensor
     drop(torch);
@@ -80,7 +81,8 @@ fn libtorch_maps_every_scalar_type_to_the_same_dlpack_dtype() {
         let t = unsafe { Tensor::from_descriptor(desc, std::sync::Arc::new(buffer)) };
         // SAFETY: nothing writes through the libtorch tensor.
         let options = unsafe { ExportOptions::new().allow_read_only() };
-        let torch = export_with(&t, options).unwrap();
+        // SAFETY: obligation 1: nothing writes through the libtorch tensor.
+        let torch = unsafe { export_with(&t, options) }.unwrap();
         let back = through_libtorch_dlpack(&torch);
         assert_eq!(back.dtype(), dtype, "{}", ScalarType(code));
         assert_eq!(back.data_ptr(), t.data_ptr());

@@ -67,8 +67,63 @@ fn burn_reads_and_computes_on_the_shared_memory() {
     assert_eq!(counter.drops(), 1);
 }
 
+/// Safe code only: a shared tensor's `&[f32]`, host view and clone stay alive across burn's
+/// in-place operation and still read the old values; burn computed in a copy.
 #[test]
-fn burn_writes_in_place_into_writable_memory_and_copies_read_only_memory() {
+fn shared_views_never_see_burns_in_place_writes() {
+    let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let clone = t.clone();
+    let slice: &[f32] = t.as_ref().as_slice().unwrap();
+    let view = clone.host_view::<f32>().unwrap();
+    // burn holds its storage alone, contiguous from offset 0: its in-place fast path.
+    let b = tensorbridge_burn::export::<1, Float>(&t)
+        .unwrap()
+        .add_scalar(10.0);
+    assert_eq!(
+        b.to_data().try_to_vec::<f32>().unwrap(),
+        [11.0, 12.0, 13.0, 14.0]
+    );
+    assert_eq!(
+        slice,
+        [1.0, 2.0, 3.0, 4.0],
+        "a live &[f32] saw burn's write"
+    );
+    assert_eq!(view.to_contiguous(), [1.0, 2.0, 3.0, 4.0]);
+    let after = tensorbridge_burn::import(b).unwrap();
+    assert_ne!(after.data_ptr(), t.data_ptr(), "burn wrote a copy");
+    // Writable or not, a shared tensor's export is copy-on-write; reading stays zero-copy.
+    let b = tensorbridge_burn::export::<1, Float>(&t).unwrap();
+    assert_eq!(
+        tensorbridge_burn::import(b).unwrap().data_ptr(),
+        t.data_ptr()
+    );
+}
+
+/// A strided shared tensor (negative strides) keeps its values across burn's write too.
+#[test]
+fn shared_strided_exports_are_copy_on_write() {
+    let buffer = HostBuffer::new(&[3, 4], &[1, -3], |i| i as i64);
+    let want = buffer.expected_contiguous();
+    let counter = DropCounter::new();
+    let t = buffer.into_tensor(&counter);
+    let view = t.host_view::<i64>().unwrap();
+    let b = tensorbridge_burn::export::<2, Int>(&t)
+        .unwrap()
+        .add_scalar(1);
+    assert_eq!(
+        burn_values(&b),
+        want.iter().map(|v| v + 1).collect::<Vec<_>>()
+    );
+    assert_eq!(view.to_contiguous(), want);
+    drop((b, view));
+    drop(t);
+    assert_eq!(counter.drops(), 1);
+}
+
+/// The exclusive path writes in place, zero-copy (pointer equality), and the owner is
+/// released once; a read-only exclusive tensor is still copied at burn's first write.
+#[test]
+fn exclusive_exports_write_in_place_and_read_only_ones_copy() {
     let counter = DropCounter::new();
     let data: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0];
     let ptr = data.as_ptr() as usize;
@@ -78,11 +133,10 @@ fn burn_writes_in_place_into_writable_memory_and_copies_read_only_memory() {
         ..RawTensor::host(ptr, DType::FLOAT32, &shape)
     };
     // SAFETY: the span is `data`'s, moved into the owner; read and written only through
-    // burn in this test.
+    // the tensor.
     let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), counter.owner_with(data)) };
-    let b: Burn<1, Float> = tensorbridge_burn::export(&t).unwrap();
-    // burn holds the storage alone, contiguous from offset 0: its in-place fast path writes
-    // the tensor's memory.
+    let t = t.into_exclusive().expect("the only holder");
+    let b: Burn<1, Float> = tensorbridge_burn::export_exclusive(t).unwrap();
     let b = b.add_scalar(10.0);
     let after = tensorbridge_burn::import(b.clone()).unwrap();
     assert_eq!(
@@ -90,25 +144,21 @@ fn burn_writes_in_place_into_writable_memory_and_copies_read_only_memory() {
         ptr,
         "burn computed in place, in the tensor's memory"
     );
-    let seen = t.host_view::<f32>().unwrap().to_contiguous();
-    assert_eq!(
-        seen,
-        [11.0, 12.0, 13.0, 14.0],
-        "the tensor sees burn's write"
-    );
+    let seen = after.host_view::<f32>().unwrap().to_contiguous();
+    assert_eq!(seen, [11.0, 12.0, 13.0, 14.0]);
     drop((b, after));
+    assert_eq!(counter.drops(), 1);
 
     // Read-only memory is never written: burn's write goes to a private copy.
-    let ro = t.clone().into_readonly();
-    let b: Burn<1, Float> = tensorbridge_burn::export(&ro).unwrap();
+    let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2])
+        .unwrap()
+        .into_readonly();
+    let ptr = t.data_ptr();
+    let only = t.into_exclusive().expect("the only holder");
+    let b: Burn<1, Float> = tensorbridge_burn::export_exclusive(only).unwrap();
     let b = b.mul_scalar(2.0);
-    assert_eq!(
-        b.to_data().try_to_vec::<f32>().unwrap(),
-        seen.iter().map(|v| v * 2.0).collect::<Vec<_>>()
-    );
-    assert_eq!(t.host_view::<f32>().unwrap().to_contiguous(), seen);
-    drop((b, ro, t));
-    assert_eq!(counter.drops(), 1);
+    assert_eq!(b.to_data().try_to_vec::<f32>().unwrap(), [2.0, 4.0]);
+    assert_ne!(tensorbridge_burn::import(b).unwrap().data_ptr(), ptr);
 }
 
 #[test]

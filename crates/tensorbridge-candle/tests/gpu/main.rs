@@ -209,5 +209,32 @@ fn foreign_memory_enters_candle_after_its_producer() -> TestResult {
         drop(t);
         assert_eq!(counter.drops(), 0, "export_leaked keeps the owner for good");
     }
+    // A read-only tensor would become a writable candle tensor: refused on the CUDA device
+    // too, and nothing is kept.
+    let buf = producer.alloc_zeros::<f32>(N)?;
+    let (ptr, record) = buf.device_ptr(&producer);
+    drop(record);
+    producer.synchronize()?;
+    let shape = [N as i64];
+    let raw = RawTensor {
+        access: Access::ReadOnly,
+        ..RawTensor::new(ptr as usize, Device::cuda(0), DType::FLOAT32, &shape)
+    };
+    let counter = DropCounter::new();
+    // SAFETY: the span is `buf`'s, which the owner keeps; device memory, ready (synchronised).
+    let t = unsafe { Tensor::from_descriptor(raw.validate()?, counter.owner_with(buf)) };
+    let e = tensorbridge_candle::export_leaked(&t, &own).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            tensorbridge_candle::Error::NotZeroCopy {
+                what: "a read-only tensor",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    drop(t);
+    assert_eq!(counter.drops(), 1, "a refused export keeps nothing");
     Ok(())
 }

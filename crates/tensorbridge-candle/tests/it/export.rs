@@ -57,3 +57,42 @@ fn tensors_candle_did_not_make_are_refused_with_the_copy_named() {
     let c = tensorbridge_candle::export_copied(&t, &Device::Cpu).unwrap();
     assert_eq!(c.to_vec1::<f32>().unwrap(), [1.0, 2.0]);
 }
+
+/// A read-only CUDA tensor (a JAX array, a read-only share) never becomes a candle tensor,
+/// which safe candle code may write in place: refused before any device is touched, so this
+/// runs without a GPU, on every build (the GPU suite checks the same on candle's CUDA half).
+#[test]
+fn export_leaked_refuses_read_only_tensors() {
+    let shape = [4i64];
+    let desc = tensorbridge::RawTensor::new(
+        0x10000,
+        tensorbridge::Device::cuda(0),
+        tensorbridge::DType::FLOAT32,
+        &shape,
+    )
+    .validate()
+    .unwrap()
+    .to_readonly();
+    let counter = DropCounter::new();
+    // SAFETY: never dereferenced: the export is refused before any memory is touched.
+    let t = unsafe { tensorbridge::Tensor::from_descriptor(desc, counter.owner()) };
+    // The CPU device: the refusal comes before the device is looked at.
+    let e = tensorbridge_candle::export_leaked(&t, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NotZeroCopy {
+                what: "a read-only tensor",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "a read-only tensor cannot become a candle tensor without a copy: candle writes its storages in place from safe code (slice_set, const_set, in-place custom ops) and has no read-only flag (use export_copied)"
+    );
+    // Nothing was kept: the owner goes with the tensor.
+    drop(t);
+    assert_eq!(counter.drops(), 1);
+}

@@ -111,3 +111,49 @@ fn owner_survives_into_threads() {
     }
     assert_eq!(counter.drops(), 1);
 }
+
+/// `into_exclusive` succeeds only for the one holder of an owner: any clone of the tensor,
+/// of its owner, or a `Weak` that could become one keeps it shared.
+#[test]
+fn exclusive_only_without_other_holders() {
+    let counter = DropCounter::new();
+    let t = Tensor::from_vec(vec![1i32, 2, 3], &[3]).unwrap();
+    let clone = t.clone();
+    let t = t.into_exclusive().expect_err("a clone shares the owner");
+    drop(clone);
+    let owner = t.owner().clone();
+    let t = t.into_exclusive().expect_err("an owner clone shares it");
+    drop(owner);
+    let weak = Arc::downgrade(t.owner());
+    let t = t
+        .into_exclusive()
+        .expect_err("a weak reference could become a holder");
+    drop(weak);
+    let mut only = t.into_exclusive().expect("the only holder");
+    only.host_view_mut::<i32>().unwrap().set(&[1], 20).unwrap();
+    assert_eq!(only.host_view::<i32>().unwrap().to_contiguous(), [1, 20, 3]);
+    let t = only.into_tensor();
+    assert_eq!(t.host_view::<i32>().unwrap().to_contiguous(), [1, 20, 3]);
+    // The owner still goes once.
+    let shape = [3i64];
+    let desc = RawTensor::host(0x1000, DType::UINT8, &shape)
+        .validate()
+        .unwrap();
+    // SAFETY: never dereferenced; the test only clones, checks and drops.
+    let t = unsafe { Tensor::from_descriptor(desc, counter.owner()) };
+    let only = t.into_exclusive().unwrap();
+    assert_eq!(counter.drops(), 0);
+    drop(only);
+    assert_eq!(counter.drops(), 1);
+}
+
+/// Exclusive does not widen access: a read-only tensor gives no mutable view.
+#[test]
+fn exclusive_read_only_is_still_read_only() {
+    let t = Tensor::from_vec(vec![1u8], &[1]).unwrap().into_readonly();
+    let mut only = t.into_exclusive().unwrap();
+    assert!(matches!(
+        only.host_view_mut::<u8>(),
+        Err(tensorbridge_core::Error::ReadOnly)
+    ));
+}

@@ -109,7 +109,8 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     // the kernels below are the only writers, ordered by the test.
     let tensor = unsafe { Tensor::from_descriptor(desc, Arc::new(data)) };
     // Warm up (libtorch's streams, the event pool) outside the timing.
-    drop(tensorbridge_tch::export(&tensor)?);
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    drop(unsafe { tensorbridge_tch::export(&tensor) }?);
     ctx.synchronize()?;
 
     Affine::fill(src, N, 2.0, 1.0)
@@ -127,7 +128,8 @@ fn cudarc_to_libtorch(ctx: &Arc<CudaContext>, k: &Kernels, hand_off: bool) -> Re
     };
 
     let start = Instant::now();
-    let torch = tensorbridge_tch::export(&tensor)?;
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let torch = unsafe { tensorbridge_tch::export(&tensor) }?;
     let host = start.elapsed();
     let producer_running = !p_end.is_complete();
     let c_start = timing_event(&legacy)?;

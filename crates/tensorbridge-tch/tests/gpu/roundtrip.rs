@@ -23,7 +23,8 @@ fn libtorch_cuda_tensors_cross_both_ways() -> Result<()> {
         Ready::Stream(Stream::LegacyDefault)
     ));
 
-    let back = tensorbridge_tch::export(&shared)?;
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let back = unsafe { tensorbridge_tch::export(&shared) }?;
     assert_eq!(back.device(), TchDevice::Cuda(0));
     assert_eq!(back.data_ptr(), x.data_ptr());
     assert_eq!((back.size(), back.stride()), (vec![4, 3], vec![1, 4]));
@@ -46,7 +47,8 @@ fn cudarc_memory_crosses_into_libtorch_and_back() -> Result<()> {
     let tensor = tbc::import_shaped(slice, &Layout::row_major(&[32, 32])?)?;
     let ptr = tensor.data_ptr();
 
-    let mut torch = tensorbridge_tch::export(&tensor)?; // libtorch's stream waits for `stream` on the GPU
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let mut torch = unsafe { tensorbridge_tch::export(&tensor) }?; // libtorch's stream waits for `stream` on the GPU
     assert_eq!(torch.data_ptr() as usize, ptr);
     assert_eq!(torch.device(), TchDevice::Cuda(0));
     assert_eq!(torch_values(&torch), host);
@@ -74,13 +76,15 @@ fn ordinals_cross_both_ways() -> Result<()> {
         let x = tch::Tensor::ones([8], (Kind::Float, TchDevice::Cuda(ordinal as usize)));
         let shared = import(&x)?;
         assert_eq!(shared.device(), Device::cuda(ordinal as u32));
-        let back = tensorbridge_tch::export(&shared)?;
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let back = unsafe { tensorbridge_tch::export(&shared) }?;
         assert_eq!(back.device(), TchDevice::Cuda(ordinal as usize));
 
         let slice = ctx.new_stream()?.clone_htod(&[3.0f32; 8])?;
         let t = tbc::import(slice)?;
         assert_eq!(t.device(), Device::cuda(ordinal as u32));
-        let torch = tensorbridge_tch::export(&t)?;
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let torch = unsafe { tensorbridge_tch::export(&t) }?;
         assert_eq!(torch.device(), TchDevice::Cuda(ordinal as usize));
         assert_eq!(torch_values(&torch), [3.0; 8]);
     }

@@ -85,7 +85,8 @@ fn every_kind_round_trips_through_tensors() {
         let shared = import(&t).unwrap();
         assert_eq!(shared.dtype(), dtype, "{kind:?}");
         assert_eq!(shared.device(), Device::CPU);
-        let back = tensorbridge_tch::export(&shared).unwrap();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let back = unsafe { tensorbridge_tch::export(&shared) }.unwrap();
         assert_eq!(back.kind(), kind);
         assert_eq!(back.data_ptr(), t.data_ptr());
     }
@@ -120,7 +121,8 @@ fn dtypes_tch_has_no_kind_for_still_cross() {
         fp4x2,
     ] {
         let t = claimed(Device::CPU, dtype, &[2, 2], Access::ReadWrite);
-        let torch = tensorbridge_tch::export(&t).unwrap();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
         assert!(torch.f_kind().is_err(), "{dtype}: tch has no Kind");
         assert!(matches!(kind_of_dtype(dtype), Err(Error::NoKind { .. })));
         let back = import(&torch).unwrap();
@@ -142,7 +144,8 @@ proptest! {
         let t = claimed(Device::CPU, dtype, &[2], Access::ReadOnly);
         // SAFETY: nothing writes through the libtorch tensor.
         let options = unsafe { ExportOptions::new().allow_read_only() };
-        match tensorbridge_tch::export_with(&t, options) {
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        match unsafe { tensorbridge_tch::export_with(&t, options) } {
             Ok(torch) => {
                 prop_assert_eq!(import(&torch).unwrap().dtype(), dtype);
                 prop_assert!(ScalarType::from_dtype(dtype).is_ok());

@@ -26,7 +26,8 @@ proptest! {
         let t = buffer.into_tensor(&counter); // read-only: the buffer is shared
         // SAFETY: nothing writes through the libtorch tensor.
         let options = unsafe { ExportOptions::new().allow_read_only() };
-        let torch = tensorbridge_tch::export_with(&t, options).unwrap();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let torch = unsafe { tensorbridge_tch::export_with(&t, options) }.unwrap();
         prop_assert_eq!(torch.size(), shape.clone());
         prop_assert_eq!(torch.stride(), strides.clone());
         if t.numel() > 0 {
@@ -62,7 +63,8 @@ proptest! {
         let moving = (0..shape.len()).find(|&d| strides[d] < 0 && shape[d] > 1 && !empty);
         match moving {
             Some(dim) => {
-                let err = tensorbridge_tch::export_with(&t, options).unwrap_err();
+                // SAFETY: no view of the tensor lives while libtorch writes it.
+                let err = unsafe { tensorbridge_tch::export_with(&t, options) }.unwrap_err();
                 let refused = matches!(
                     err,
                     Error::NegativeStride { dim: d, stride } if d == dim && stride == strides[dim]
@@ -71,7 +73,8 @@ proptest! {
                 prop_assert_eq!(std::sync::Arc::strong_count(t.owner()), 1, "no clone kept");
             }
             None => {
-                let torch = tensorbridge_tch::export_with(&t, options).unwrap();
+                // SAFETY: no view of the tensor lives while libtorch writes it.
+                let torch = unsafe { tensorbridge_tch::export_with(&t, options) }.unwrap();
                 let abs: Vec<i64> = strides.iter().map(|s| s.abs()).collect();
                 prop_assert_eq!(torch.size(), shape.clone());
                 prop_assert_eq!(torch.stride(), abs);
@@ -141,7 +144,8 @@ fn negative_strides_that_reach_no_memory_are_accepted() {
         let t = buffer.into_tensor(&counter);
         // SAFETY: nothing writes through the libtorch tensor.
         let options = unsafe { ExportOptions::new().allow_read_only() };
-        let torch = tensorbridge_tch::export_with(&t, options).unwrap();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let torch = unsafe { tensorbridge_tch::export_with(&t, options) }.unwrap();
         assert_eq!(torch.size(), shape);
         assert_eq!(torch.stride(), abs);
         if t.numel() > 0 {

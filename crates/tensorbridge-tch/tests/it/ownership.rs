@@ -15,7 +15,8 @@ use crate::{claimed, counted_tensor, import, torch_values};
 fn released_once_after_every_libtorch_view_and_clone() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[4, 6]);
-    let torch = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     let clone = t.clone();
     drop(t);
     drop(clone);
@@ -43,8 +44,10 @@ fn released_once_after_every_libtorch_view_and_clone() {
 fn each_conversion_holds_its_own_clone() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[3]);
-    let a = tensorbridge_tch::export(&t).unwrap();
-    let b = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let a = unsafe { tensorbridge_tch::export(&t) }.unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let b = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     assert_eq!(Arc::strong_count(t.owner()), 3);
     drop((t, a));
     assert_eq!(counter.drops(), 0);
@@ -56,7 +59,8 @@ fn each_conversion_holds_its_own_clone() {
 fn released_on_the_thread_that_drops_the_last_view() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[2, 2]);
-    let torch = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     drop(t);
     let view = torch.transpose(0, 1);
     drop(torch);
@@ -76,12 +80,14 @@ fn released_on_the_thread_that_drops_the_last_view() {
 fn round_trips_release_the_original_owner_once() {
     let counter = DropCounter::new();
     let t = counted_tensor(&counter, &[2, 3]);
-    let torch = tensorbridge_tch::export(&t).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
     drop(t);
     let back = import(&torch.narrow(0, 1, 1)).unwrap(); // owned by a storage reference
     drop(torch);
     assert_eq!(counter.drops(), 0);
-    let again = tensorbridge_tch::export(&back).unwrap(); // a second storage over the same memory
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let again = unsafe { tensorbridge_tch::export(&back) }.unwrap(); // a second storage over the same memory
     drop(back);
     assert_eq!(counter.drops(), 0);
     assert_eq!(torch_values(&again), [3.0, 4.0, 5.0]);
@@ -110,14 +116,19 @@ fn import_keeps_libtorch_memory_alive() {
 #[test]
 fn refusals_and_failures_keep_no_clone() {
     let t = claimed(Device::CPU, DType::FLOAT32, &[4], Access::ReadOnly);
-    assert!(matches!(tensorbridge_tch::export(&t), Err(Error::ReadOnly)));
+    assert!(matches!(
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        unsafe { tensorbridge_tch::export(&t) },
+        Err(Error::ReadOnly)
+    ));
     assert_eq!(Arc::strong_count(t.owner()), 1);
 
     // A failure inside libtorch: without a GPU it has no current CUDA stream to report.
     // (The unit tests cover failures after the owner reached the shim.)
     if !tch::Cuda::is_available() {
         let t = claimed(Device::cuda(0), DType::FLOAT32, &[4], Access::ReadWrite);
-        let err = tensorbridge_tch::export(&t).unwrap_err();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let err = unsafe { tensorbridge_tch::export(&t) }.unwrap_err();
         assert!(matches!(err, Error::Torch { .. }), "{err}");
         assert_eq!(Arc::strong_count(t.owner()), 1);
     }

@@ -18,7 +18,8 @@ fn rebinding_the_source_releases_nothing_under_an_import() {
     for op in ["set_", "set_data", "set_source_tensor_"] {
         let counter = DropCounter::new();
         let t = counted_tensor(&counter, &[2, 3]);
-        let mut torch = tensorbridge_tch::export(&t).unwrap();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        let mut torch = unsafe { tensorbridge_tch::export(&t) }.unwrap();
         drop(t);
         // SAFETY: a storage `tensorbridge_tch::export` made, which libtorch refuses to resize.
         let shared = unsafe { tensorbridge_tch::import(&torch) }.unwrap();
@@ -75,7 +76,8 @@ fn growing_the_storage_moves_every_tensor_over_it() {
 #[test]
 fn storages_export_made_refuse_to_grow() {
     let counter = DropCounter::new();
-    let mut torch = tensorbridge_tch::export(&counted_tensor(&counter, &[6])).unwrap();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let mut torch = unsafe { tensorbridge_tch::export(&counted_tensor(&counter, &[6])) }.unwrap();
     let err = torch.f_resize_([1 << 16]).unwrap_err();
     assert!(err.to_string().contains("not resizable"), "{err}");
     drop(torch);

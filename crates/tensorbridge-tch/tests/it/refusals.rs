@@ -83,7 +83,8 @@ fn devices_without_memory() {
 #[test]
 fn read_only_tensors() {
     let t = claimed(Device::CPU, DType::FLOAT32, &[4], Access::ReadOnly);
-    let err = tensorbridge_tch::export(&t).unwrap_err();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err = unsafe { tensorbridge_tch::export(&t) }.unwrap_err();
     assert!(matches!(err, Error::ReadOnly));
     assert_eq!(
         err.to_string(),
@@ -106,7 +107,8 @@ fn negative_strides() {
     let t = unsafe {
         tensorbridge::Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone())
     };
-    let err = tensorbridge_tch::export(&t).unwrap_err();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err = unsafe { tensorbridge_tch::export(&t) }.unwrap_err();
     assert!(matches!(err, Error::NegativeStride { dim: 0, stride: -2 }));
     assert_eq!(
         err.to_string(),
@@ -118,7 +120,8 @@ fn negative_strides() {
 fn sub_byte_and_unsupported_dtypes() {
     let fp4 = DType::FLOAT4_E2M1FN;
     let err =
-        tensorbridge_tch::export(&claimed(Device::CPU, fp4, &[4], Access::ReadWrite)).unwrap_err();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        unsafe { tensorbridge_tch::export(&claimed(Device::CPU, fp4, &[4], Access::ReadWrite)) }.unwrap_err();
     assert!(matches!(err, Error::SubByte { dtype } if dtype == fp4));
     assert_eq!(
         err.to_string(),
@@ -128,7 +131,8 @@ fn sub_byte_and_unsupported_dtypes() {
 
     let e3m4 = DType::new(DTypeCode::Float8E3M4, 8, 1).unwrap();
     let err =
-        tensorbridge_tch::export(&claimed(Device::CPU, e3m4, &[4], Access::ReadWrite)).unwrap_err();
+        // SAFETY: no view of the tensor lives while libtorch writes it.
+        unsafe { tensorbridge_tch::export(&claimed(Device::CPU, e3m4, &[4], Access::ReadWrite)) }.unwrap_err();
     assert!(matches!(err, Error::UnsupportedDType { dtype } if dtype == e3m4));
     assert_eq!(
         err.to_string(),
@@ -136,8 +140,10 @@ fn sub_byte_and_unsupported_dtypes() {
          bfloat16, complex, an fp8 type libtorch has, or float4_e2m1fnx2)"
     );
     let vector = DType::new(DTypeCode::Float, 32, 4).unwrap();
-    let err = tensorbridge_tch::export(&claimed(Device::CPU, vector, &[2], Access::ReadWrite))
-        .unwrap_err();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err =
+        unsafe { tensorbridge_tch::export(&claimed(Device::CPU, vector, &[2], Access::ReadWrite)) }
+            .unwrap_err();
     assert!(matches!(err, Error::UnsupportedDType { .. }), "{err}");
 }
 
@@ -146,16 +152,20 @@ fn devices_libtorch_cannot_take() {
     for kind in [DeviceType::Vulkan, DeviceType::Rocm, DeviceType::OpenCl] {
         let device = Device::new(kind, 0);
         let err =
-            tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite))
+            // SAFETY: no view of the tensor lives while libtorch writes it.
+            unsafe { tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite)) }
                 .unwrap_err();
         assert!(matches!(err, Error::UnsupportedDevice { device: d } if d == device));
     }
-    let err = tensorbridge_tch::export(&claimed(
-        Device::new(DeviceType::Metal, 0),
-        DType::FLOAT32,
-        &[4],
-        Access::ReadWrite,
-    ))
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err = unsafe {
+        tensorbridge_tch::export(&claimed(
+            Device::new(DeviceType::Metal, 0),
+            DType::FLOAT32,
+            &[4],
+            Access::ReadWrite,
+        ))
+    }
     .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -164,8 +174,11 @@ fn devices_libtorch_cannot_take() {
     );
 
     let device = Device::cuda(200);
-    let err = tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite))
-        .unwrap_err();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err = unsafe {
+        tensorbridge_tch::export(&claimed(device, DType::FLOAT32, &[4], Access::ReadWrite))
+    }
+    .unwrap_err();
     assert!(matches!(err, Error::OrdinalOutOfRange { device: d } if d == device));
     assert_eq!(
         err.to_string(),
@@ -179,7 +192,8 @@ fn libtorch_failures_carry_its_message() {
         return; // The GPU suite covers CUDA; this is the no-GPU path.
     }
     let t = claimed(Device::cuda(0), DType::FLOAT32, &[4], Access::ReadWrite);
-    let err = tensorbridge_tch::export(&t).unwrap_err();
+    // SAFETY: no view of the tensor lives while libtorch writes it.
+    let err = unsafe { tensorbridge_tch::export(&t) }.unwrap_err();
     let Error::Torch { call, message } = &err else {
         panic!("expected a libtorch failure, got {err}");
     };
