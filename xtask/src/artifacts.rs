@@ -133,7 +133,7 @@ mod tests {
         }
         for path in [
             "src/lib.rs",
-            "docs/so.md",
+            "docs/so.txt",
             ".so",
             "README.md",
             "fuzz/corpus/dlpack/0a7fa7ed",
