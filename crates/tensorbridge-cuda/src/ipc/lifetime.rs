@@ -229,9 +229,11 @@ fn kind_of(mode: u32) -> &'static str {
 pub(crate) fn open_dir(shm: &Path, create: bool) -> Result<Option<OwnedFd>, Error> {
     let path = dir_path(shm, uid());
     let c = c_path(&path)?;
+    let mut made = false;
     if create {
         // SAFETY: `c` is a NUL-terminated path that lives for the call.
-        if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+        made = unsafe { libc::mkdir(c.as_ptr(), 0o700) } == 0;
+        if !made {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EEXIST) {
                 return Err(os_error("create", &path, &e));
@@ -279,6 +281,12 @@ pub(crate) fn open_dir(shm: &Path, create: bool) -> Result<Option<OwnedFd>, Erro
             format!("owned by user {}", st.st_uid),
             DIR_EXPECTED,
         ));
+    }
+    // Made just now, ours, a directory: the umask may have taken bits off `0700`. (Any other
+    // mode of a directory found is refused, not repaired.)
+    // SAFETY: `fd` is open for the call.
+    if made && st.st_mode & 0o7777 != 0o700 && unsafe { libc::fchmod(fd.as_raw_fd(), 0o700) } == 0 {
+        return Ok(Some(fd));
     }
     if st.st_mode & 0o7777 != 0o700 {
         return Err(refused(

@@ -175,6 +175,23 @@ fn the_directory_and_file_are_private_and_checked_on_open() {
 }
 
 #[test]
+fn a_restrictive_umask_still_gives_exact_modes() {
+    let root = Root::new();
+    let shm = root.0.clone();
+    let dir = root.dir();
+    let code = in_fork(Duration::from_secs(10), move || {
+        // SAFETY: sets this (forked, single-threaded) child's umask.
+        unsafe { libc::umask(0o277) };
+        let Ok(f) = SlotFile::create_in(&shm) else {
+            return 1;
+        };
+        let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode() & 0o7777);
+        i32::from(mode(&dir) != 0o700) * 2 + i32::from(mode(&f.path) != 0o600) * 4
+    });
+    assert_eq!(code, 0, "1: refused, 2: directory mode, 4: file mode");
+}
+
+#[test]
 fn tickets_open_and_holders_decide_release() {
     let root = Root::new();
     let (p, c) = pair(&root);
