@@ -336,7 +336,7 @@ pub enum Error {
     },
     /// A handle of a share made by another user.
     #[error(
-        "the share was made by user {handle_uid} and this process runs as user {uid} (expected a share of this process's own user: another user's memory is never mapped)"
+        "the share was made by user {handle_uid} and this process runs as user {uid} (expected producer and consumer to run as the same user: another user's memory is never mapped)"
     )]
     IpcOtherUser {
         /// The user the handle names.
