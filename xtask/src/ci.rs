@@ -106,6 +106,9 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
     // tensorbridge-tch accepts a range of tch releases: its oldest and newest, each with the
     // libtorch it expects.
     crate::tch_range::run,
+    // The sharing path through the stand-in CUDA driver (a GPU-less machine's only way to
+    // run it): tensorbridge-cuda's driver tests.
+    crate::standin::run,
 ];
 
 struct Options {
@@ -381,13 +384,36 @@ fn pyo3_tests(steps: &mut Steps, venv: &Venv) -> Result<()> {
 }
 
 /// The wheels installed for `env` (as pip chooses among both builds), then the whole
-/// pytest suite but the GPU one, in `env`.
+/// pytest suite but the GPU one, in `env`; then the driver tests (`test_share_driver.py`,
+/// which skip in the suite's run for want of a libcuda) again through the stand-in driver
+/// that the Rust checks built (`standin.rs`).
 fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
     let site = install_wheels(steps, env)?;
     let tests = root().join(PYTHON_CRATE).join("tests");
-    steps.cmd(
+    let suite = steps.cmd(
         &format!("pytest ({})", env.name()),
         &mut pytest_cmd(env, &site, &tests, &[tests.as_path()]),
+    );
+    let standin = pytest_standin(steps, env, &site);
+    suite.and(standin)
+}
+
+/// The Python package's tests that need a CUDA driver, the real one or the stand-in.
+pub(crate) const DRIVER_TESTS: &str = "test_share_driver.py";
+
+/// [`DRIVER_TESTS`] in `env` with the wheels of `site`, through the stand-in driver
+/// (`standin.rs`, built before), failing rather than skipping when it does not load.
+pub(crate) fn pytest_standin(steps: &mut Steps, env: &Venv, site: &Path) -> Result<()> {
+    let tests = root().join(PYTHON_CRATE).join("tests");
+    let driver = tests.join(DRIVER_TESTS);
+    steps.cmd(
+        &format!(
+            "pytest {DRIVER_TESTS} on the stand-in driver ({})",
+            env.name()
+        ),
+        pytest_cmd(env, site, &tests, &[driver.as_path()])
+            .env("LD_LIBRARY_PATH", crate::standin::library_path())
+            .env("TB_REQUIRE_DRIVER", "1"),
     )
 }
 

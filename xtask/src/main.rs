@@ -10,6 +10,7 @@ mod ci;
 mod cuda_toolkit;
 mod demo;
 mod fuzz;
+mod standin;
 mod tch_range;
 mod test_gpu;
 mod threads;
@@ -74,6 +75,11 @@ tasks:
       at PATH: a wheel built for it (not abi3), an environment from
       python/requirements-free-threaded.txt, and a check that importing tensorbridge
       leaves the GIL off. --allow-gil accepts an ordinary interpreter (checks the task).
+  test-standin
+      The sharing path (tensorbridge_cuda::ipc, the Python share/open) through the
+      stand-in CUDA driver (crates/tensorbridge-cuda-standin, put in target/cuda-standin
+      as libcuda.so.1): tensorbridge-cuda's cuda_driver tests, then the wheels and
+      test_share_driver.py in the pinned environment. `ci` runs the same steps.
   help
       This text.
 ";
@@ -92,6 +98,7 @@ fn main() -> ExitCode {
         "fuzz" => fuzz::run(rest),
         "venv" => venv_task(rest),
         "test-threads" => threads::run(rest),
+        "test-standin" => standin::task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;

@@ -21,6 +21,9 @@ const GPU_TESTS: &[(&str, &str)] = &[
     // copies, the reaper, borrowed streams, first calls (it re-runs its own binary).
     ("tensorbridge-cuda", "gpu-tests"),
     ("tensorbridge-cudarc", "gpu-tests"),
+    // The CUDA layer through a driver (`cuda_driver`): the sharing path across processes.
+    // CI runs it on the stand-in driver (`standin.rs`); here it meets the real one.
+    ("tensorbridge-cuda", "driver-tests"),
     // Links libtorch: built with the managed venv's (`LIBTORCH`); on the GPU machine its
     // binary finds that machine's libtorch through `run.sh`'s `LD_LIBRARY_PATH`, which is
     // searched before the rpath to this machine's venv.
@@ -139,8 +142,10 @@ fn test_gpu(steps: &mut Steps, bundle: Option<&Path>, test_args: &[String]) -> R
                     .arg(&candle_example),
             )?;
             let smoke = python.tests.join("test_native_smoke.py");
+            // The sharing tests CI runs on the stand-in driver, here on the real one.
+            let driver = python.tests.join(ci::DRIVER_TESTS);
             let gpu = python.tests.join("gpu");
-            let mut paths = vec![smoke.as_path()];
+            let mut paths = vec![smoke.as_path(), driver.as_path()];
             if gpu.is_dir() {
                 paths.push(gpu.as_path());
             }
@@ -333,7 +338,7 @@ fn is_example_wheel(wheel: &Path) -> bool {
 /// Runs a cargo build command with `--message-format=json` and returns its JSON lines, after
 /// showing the compiler's warnings and errors as cargo would (with that format they travel
 /// in the JSON instead of stderr); fails when cargo does.
-fn cargo_messages(cmd: &mut Command) -> Result<String> {
+pub(crate) fn cargo_messages(cmd: &mut Command) -> Result<String> {
     cmd.arg("--message-format=json")
         .stdout(Stdio::piped())
         // `output()` would capture stderr too; cargo's progress belongs on the terminal.

@@ -92,6 +92,8 @@ const UNKNOWN: CUresult = 999;
 const MAX_DEVICES: usize = 16;
 /// What `cuDriverGetVersion` says: CUDA 13.0.
 const DRIVER_VERSION: c_int = 13000;
+/// The largest allocation (1 TiB): more is out of memory, as on a GPU.
+const MAX_ALLOC: u64 = 1 << 40;
 /// Device allocations are aligned to this, as the driver's are (at least).
 const ALIGN: u64 = 256;
 /// The prefix of this library's shared-memory objects (after the `/`).
@@ -275,8 +277,12 @@ fn device_of_context(ctx: usize) -> Option<c_int> {
         .map(|d| d as c_int)
 }
 
+/// The top of the calling thread's context stack (0 when empty, or while the thread's
+/// locals are being destroyed).
 fn current_context() -> usize {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+    STACK
+        .try_with(|s| s.borrow().last().copied().unwrap_or(0))
+        .unwrap_or(0)
 }
 
 /// The device of the calling thread's current context.
@@ -436,6 +442,9 @@ fn allocate(out: *mut CUdeviceptr, size: usize, shared: bool) -> Result<(), CUre
     }
     let device = current_device()?;
     let size = size as u64;
+    if size > MAX_ALLOC {
+        return Err(OUT_OF_MEMORY);
+    }
     let (data_len, lead) = layout(size);
     let mut st = state();
     st.next_id += 1;
@@ -1356,6 +1365,7 @@ fn open_shared(producer: u32, id: u64) -> Result<(u64, Region), CUresult> {
             || header.pid != producer
             || header.size == 0
             || !stat_ok
+            || header.size > MAX_ALLOC
         {
             return Err(INVALID_VALUE);
         }
@@ -1483,4 +1493,208 @@ fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         UNKNOWN => ("CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The entry points called in-process (the test binary contains the library): the
+    //! refusals a caller relies on. Sharing across processes is tested through the loaded
+    //! library by tensorbridge-cuda's `cuda_driver` binary.
+
+    use super::*;
+
+    /// Initialised, with device 0's primary context current on this thread.
+    fn bound() {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: a live local for the context; the others take no pointer.
+        unsafe {
+            assert_eq!(cuInit(0), SUCCESS);
+        }
+        // SAFETY: as above.
+        let rc = unsafe { cuDevicePrimaryCtxRetain(&mut ctx, 0) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: a context the library handed out.
+        let rc = unsafe { cuCtxSetCurrent(ctx) };
+        assert_eq!(rc, SUCCESS);
+    }
+
+    fn alloc(size: usize) -> u64 {
+        let mut p = 0;
+        // SAFETY: a live local.
+        let rc = unsafe { cuMemAlloc_v2(&mut p, size) };
+        assert_eq!(rc, SUCCESS);
+        p
+    }
+
+    #[test]
+    fn null_outputs_and_sizes_are_invalid_values() {
+        bound();
+        // SAFETY: null pointers are what is tested; the library refuses them.
+        unsafe {
+            assert_eq!(cuMemAlloc_v2(std::ptr::null_mut(), 64), INVALID_VALUE);
+        }
+        let mut p = 0;
+        // SAFETY: a live local.
+        let rc = unsafe { cuMemAlloc_v2(&mut p, 0) };
+        assert_eq!(rc, INVALID_VALUE);
+        // SAFETY: as above.
+        let rc = unsafe { cuMemAlloc_v2(&mut p, usize::MAX) };
+        assert_eq!(rc, OUT_OF_MEMORY);
+        // SAFETY: null is refused.
+        let rc = unsafe { cuDeviceGetCount(std::ptr::null_mut()) };
+        assert_eq!(rc, INVALID_VALUE);
+        // SAFETY: null is refused.
+        let rc = unsafe { cuCtxGetCurrent(std::ptr::null_mut()) };
+        assert_eq!(rc, INVALID_VALUE);
+    }
+
+    #[test]
+    fn copies_stay_inside_one_allocation_and_frees_take_its_start() {
+        bound();
+        let p = alloc(1000);
+        let src = [7u8; 16];
+        let mut out = [0u8; 16];
+        // SAFETY: 16 bytes of a live local, inside the allocation.
+        let rc = unsafe { cuMemcpyHtoD_v2(p + 984, src.as_ptr().cast(), 16) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: as above.
+        let rc = unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p + 984, 16) };
+        assert_eq!(rc, SUCCESS);
+        assert_eq!(out, src);
+        // SAFETY: the library checks the device range (past the end) first.
+        let rc = unsafe { cuMemcpyHtoD_v2(p + 985, src.as_ptr().cast(), 16) };
+        assert_eq!(rc, INVALID_VALUE);
+        // SAFETY: an address nothing was allocated at: refused before any access.
+        let rc = unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), 16, 16) };
+        assert_eq!(rc, INVALID_VALUE);
+        // SAFETY: as above.
+        let rc = unsafe { cuMemsetD32_v2(p + 2, 1, 1) };
+        assert_eq!(rc, INVALID_VALUE, "misaligned");
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuMemFree_v2(p + 8) };
+        assert_eq!(rc, INVALID_VALUE, "not its start");
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuMemFree_v2(p) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuMemFree_v2(p) };
+        assert_eq!(rc, INVALID_VALUE, "freed twice");
+    }
+
+    #[test]
+    fn pointer_attributes_of_device_pool_and_host_memory() {
+        bound();
+        let p = alloc(4096);
+        let mut pool = 0;
+        // SAFETY: a live local; the legacy default stream.
+        let rc = unsafe { cuMemAllocAsync(&mut pool, 64, std::ptr::null_mut()) };
+        assert_eq!(rc, SUCCESS);
+        let host = 5u64;
+        let attrs = [2u32, 9, 10, 11, 12, 17];
+        for (addr, want) in [
+            (p + 100, [2, 0, 1, p, 4096, 0]),
+            (pool, [2, 0, 0, pool, 64, 1]),
+            (
+                (&raw const host) as u64,
+                [0, (-2i32) as u32 as u64, 0, 0, 0, 0],
+            ),
+        ] {
+            let mut values = [0u64; 6];
+            let mut slots: Vec<*mut c_void> =
+                values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+            // SAFETY: six attributes, six live 8-byte slots.
+            let rc = unsafe { cuPointerGetAttributes(6, attrs.as_ptr(), slots.as_mut_ptr(), addr) };
+            assert_eq!(rc, SUCCESS);
+            let pool_handle = values[5] != 0;
+            values[5] = u64::from(pool_handle);
+            assert_eq!(values, want, "{addr:#x}");
+        }
+        let mut out = 0u64;
+        // SAFETY: a live local; host memory is refused by the single query.
+        let rc =
+            unsafe { cuPointerGetAttribute((&raw mut out).cast(), 2, (&raw const host) as u64) };
+        assert_eq!(rc, INVALID_VALUE);
+        let mut h = [0u8; 64];
+        // SAFETY: a live local of 64 bytes.
+        let rc = unsafe { cuIpcGetMemHandle(&mut h, pool) };
+        assert_eq!(rc, INVALID_VALUE, "pool memory");
+        // SAFETY: as above.
+        let rc = unsafe { cuIpcGetMemHandle(&mut h, p + 4) };
+        assert_eq!(rc, INVALID_VALUE, "not a start");
+        // SAFETY: as above.
+        let rc = unsafe { cuIpcGetMemHandle(&mut h, p) };
+        assert_eq!(rc, SUCCESS);
+        let mut base = 0;
+        // SAFETY: a live local.
+        let own = unsafe { cuIpcOpenMemHandle_v2(&mut base, IpcHandle { reserved: h }, 1) };
+        assert_eq!(own, INVALID_CONTEXT, "its own allocation");
+        h[0] ^= 1;
+        // SAFETY: a live local.
+        let bad = unsafe { cuIpcOpenMemHandle_v2(&mut base, IpcHandle { reserved: h }, 1) };
+        assert_eq!(bad, INVALID_VALUE, "not a handle of the stand-in");
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuIpcCloseMemHandle(p) };
+        assert_eq!(rc, INVALID_VALUE, "not a mapping");
+        // SAFETY: the legacy default stream.
+        let rc = unsafe { cuMemFreeAsync(pool, std::ptr::null_mut()) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuMemFree_v2(p) };
+        assert_eq!(rc, SUCCESS);
+    }
+
+    #[test]
+    fn unknown_streams_and_events_are_invalid_handles() {
+        bound();
+        let bogus = 0x1234_5678usize as CUstream;
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuStreamSynchronize(bogus) };
+        assert_eq!(rc, INVALID_HANDLE);
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuEventQuery(bogus) };
+        assert_eq!(rc, INVALID_HANDLE);
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: a live local.
+        let rc = unsafe { cuEventCreate(&mut e, EVENT_DISABLE_TIMING) };
+        assert_eq!(rc, SUCCESS);
+        let mut h = [0u8; 64];
+        // SAFETY: a live local of 64 bytes.
+        let rc = unsafe { cuIpcGetEventHandle(&mut h, e) };
+        assert_eq!(rc, INVALID_VALUE, "not interprocess");
+        // SAFETY: takes no pointer the library dereferences.
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuStreamWaitEvent(std::ptr::null_mut(), e, 0) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuEventDestroy_v2(e) };
+        assert_eq!(rc, SUCCESS);
+        // SAFETY: takes no pointer the library dereferences.
+        let rc = unsafe { cuEventDestroy_v2(e) };
+        assert_eq!(rc, INVALID_HANDLE, "destroyed twice");
+    }
+
+    #[test]
+    fn every_code_returned_has_a_name_and_a_description() {
+        for code in [
+            SUCCESS,
+            INVALID_VALUE,
+            OUT_OF_MEMORY,
+            NOT_INITIALIZED,
+            NO_DEVICE,
+            INVALID_DEVICE,
+            INVALID_CONTEXT,
+            INVALID_HANDLE,
+            NOT_FOUND,
+            NOT_SUPPORTED,
+            UNKNOWN,
+        ] {
+            let (name, what) = error_text(code).expect("named");
+            assert!(name.starts_with("CUDA_") && name.ends_with('\0') && what.ends_with('\0'));
+        }
+        let mut s: *const c_char = std::ptr::NonNull::dangling().as_ptr();
+        // SAFETY: a live local.
+        let rc = unsafe { cuGetErrorName(12345, &mut s) };
+        assert_eq!(rc, INVALID_VALUE);
+        assert!(s.is_null());
+    }
 }

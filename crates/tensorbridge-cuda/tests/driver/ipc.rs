@@ -31,13 +31,15 @@ fn produce(a: &Arc<CudaStream>, counter: &DropCounter) -> Result<(tensorbridge::
     from_host(a, alloc.ptr, &pattern(N))?;
     let ptr = alloc.ptr;
     let owner: Owner = counter.owner_with(alloc);
-    // SAFETY: the owner keeps the allocation of `N` floats (it frees it when dropped); `a`
-    // outlives the tensor (each test keeps it to its end, after the release is awaited).
+    let ordinal = a.context().ordinal() as u32;
+    // SAFETY: the owner keeps the allocation of `N` floats on `a`'s device (it frees it when
+    // dropped); `a` outlives the tensor (each test keeps it to its end, after the release is
+    // awaited).
     let t = unsafe {
         tensor_at(
             ptr,
             N,
-            0,
+            ordinal,
             owner,
             Ready::Stream(tensorbridge_cuda::stream_of(a)),
         )
@@ -75,12 +77,30 @@ pub(crate) fn child(role: &str, io: &Io) -> Result<()> {
         _ => IpcHandle::from_bytes(&bytes)?,
     };
     match role {
-        "size" | "uuid" | "memory" => {
+        "otheruser" => {
+            // After the driver is loaded and initialised (its file may be unreadable to that
+            // user): only what the share itself checks stands between the users.
+            // SAFETY (each call): a plain system call on this process's credentials; no
+            // memory is passed.
+            // SAFETY: see above.
+            let groups = unsafe { libc::setgroups(0, std::ptr::null()) };
+            // SAFETY: see above.
+            let gid = unsafe { libc::setgid(65534) };
+            // SAFETY: see above.
+            let uid = unsafe { libc::setuid(65534) };
+            ensure!(
+                groups == 0 && gid == 0 && uid == 0,
+                "could not become uid 65534"
+            );
+            io.say("error", &format!("{:?}", ipc::import(&handle, &c).err()));
+        }
+        "size" | "uuid" | "memory" | "uuid-blind" => {
             io.say("error", &format!("{:?}", ipc::import(&handle, &c).err()));
         }
         "consume" => {
             let t = ipc::import(&handle, &c)?;
             ensure!(t.shape() == [N as i64], "shape {:?}", t.shape());
+            io.say("device", &t.device());
             let seen = to_host(&c, t.data_ptr() as u64, N)?;
             let wrong = seen
                 .iter()
@@ -148,6 +168,7 @@ fn share_roundtrip_values_and_writes_both_ways_release_once() -> Result<()> {
     drop(t);
     let mut peer = Peer::spawn("consume", &[])?;
     peer.send(&hex(shared.handle().as_bytes()))?;
+    assert_eq!(peer.expect("device")?, "cuda:0");
     assert_eq!(peer.expect("wrong")?, "0", "the consumer read other values");
     peer.expect("written")?;
     assert_eq!(
@@ -272,6 +293,76 @@ fn damaged_and_altered_handles_are_refused_in_the_consumer() -> Result<()> {
         eventually(|| shared.holders().is_empty()),
         "a refused open left a hold"
     );
+    drop(shared);
+    ensure!(eventually(|| counter.drops() == 1), "never released");
+    Ok(())
+}
+
+#[test]
+fn another_user_cannot_open_a_share() -> Result<()> {
+    // SAFETY: reads this process's effective user id; touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root, to switch the consumer to another user (CI runs as root)");
+        return Ok(());
+    }
+    let _serial = serial();
+    let ctx = context(0)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let (t, _) = produce(&a, &counter)?;
+    let shared = ipc::export(&t, 0)?;
+    drop(t);
+    let mut peer = Peer::spawn("otheruser", &[])?;
+    peer.send(&hex(shared.handle().as_bytes()))?;
+    let error = peer.expect("error")?;
+    assert!(error.starts_with("Some(IpcLifetimeFile"), "{error}");
+    peer.finish()?;
+    assert!(shared.holders().is_empty(), "the other user holds it");
+    drop(shared);
+    ensure!(eventually(|| counter.drops() == 1), "never released");
+    Ok(())
+}
+
+/// A share on device 1 names its GPU by UUID: a consumer that sees only one GPU is refused,
+/// one that sees both maps it on that GPU and reads it.
+#[test]
+fn a_share_on_the_second_gpu_is_found_by_uuid() -> Result<()> {
+    let count = cudarc::driver::CudaContext::device_count()?;
+    if count < 2 {
+        println!(
+            "skipped: needs two devices ({count} here; the stand-in has two with TB_STANDIN_DEVICES=2, as ci sets)"
+        );
+        return Ok(());
+    }
+    let _serial = serial();
+    let ctx = context(1)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let (t, _) = produce(&a, &counter)?;
+    let shared = ipc::export(&t, 0)?;
+    drop(t);
+    let bytes = hex(shared.handle().as_bytes());
+    // One GPU visible: the stand-in's count, or the real driver's visibility.
+    let mut blind = Peer::spawn(
+        "uuid-blind",
+        &[("TB_STANDIN_DEVICES", "1"), ("CUDA_VISIBLE_DEVICES", "0")],
+    )?;
+    blind.send(&bytes)?;
+    let error = blind.expect("error")?;
+    assert!(error.starts_with("Some(IpcDeviceNotVisible"), "{error}");
+    blind.finish()?;
+    let mut peer = Peer::spawn("consume", &[])?;
+    peer.send(&bytes)?;
+    assert_eq!(
+        peer.expect("device")?,
+        "cuda:1",
+        "not mapped on the producer's GPU"
+    );
+    assert_eq!(peer.expect("wrong")?, "0", "the consumer read other values");
+    peer.expect("written")?;
+    peer.send("look")?;
+    peer.expect("seen")?;
+    peer.finish()?;
     drop(shared);
     ensure!(eventually(|| counter.drops() == 1), "never released");
     Ok(())
