@@ -8,7 +8,8 @@
 //! - another user's lifetime file (and handle) is never used;
 //! - a FIFO planted where lifetime files live hangs no producer;
 //! - a lifetime file shrunk under a live share kills neither side;
-//! - a forked child dropping an inherited share revokes nothing.
+//! - a forked child dropping an inherited share revokes nothing;
+//! - the producer removes its lifetime file once the last share in it is freed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -354,5 +355,29 @@ fn a_forked_child_dropping_the_share_revokes_nothing() -> Result<()> {
     ensure!(held.is_ok(), "the child's drop revoked the share: {held:?}");
     drop(shared);
     ensure!(eventually(|| counter.drops() == 1), "never released");
+    Ok(())
+}
+
+#[test]
+fn the_producer_removes_its_lifetime_file_with_its_last_share() -> Result<()> {
+    let _serial = serial();
+    let ctx = context(0)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let t = produce(&a, &counter)?;
+    let shared = ipc::export(&t, 0)?;
+    drop(t);
+    let bytes = shared.handle().as_bytes().to_vec();
+    let Some(path) = lifetime_file(&bytes) else {
+        bail!("no lifetime file for a live share");
+    };
+    drop(shared);
+    ensure!(eventually(|| counter.drops() == 1), "never released");
+    // Every share of this process (the tests run one at a time and release theirs) is freed.
+    ensure!(
+        eventually(|| !path.exists()),
+        "{} outlived the last share in it",
+        path.display()
+    );
     Ok(())
 }
