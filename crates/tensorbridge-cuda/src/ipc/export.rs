@@ -66,6 +66,21 @@ impl Producer {
                 expected: "1 to 2^40 - 1 (this process has made 2^40 shares)",
             });
         }
+        // A file whose size was changed under it gets no new share (its consumers would be
+        // refused); it goes once the shares still in it are freed.
+        let damaged: Vec<usize> = self
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.as_ref().is_some_and(|f| !f.intact()))
+            .map(|(i, _)| i)
+            .collect();
+        if !damaged.is_empty() {
+            self.free.retain(|k| !damaged.contains(&k.file));
+            for i in damaged {
+                self.retire_file_if_unused(i);
+            }
+        }
         let key = match self.free.pop() {
             Some(key) => key,
             None => {

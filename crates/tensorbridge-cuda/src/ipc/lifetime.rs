@@ -653,6 +653,14 @@ impl SlotFile {
         }))
     }
 
+    /// Whether the file still has its format's size (a consumer refuses any other): the
+    /// producer puts no new share in a file that was shrunk or grown.
+    pub(crate) fn intact(&self) -> bool {
+        self.file
+            .metadata()
+            .is_ok_and(|m| m.len() == FILE_BYTES as u64)
+    }
+
     /// Whether the producer still holds its liveness lock (its process, or a forked child of
     /// it holding the same descriptor, lives and has not removed the file).
     pub(crate) fn producer_alive(&self) -> bool {

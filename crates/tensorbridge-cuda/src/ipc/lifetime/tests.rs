@@ -521,6 +521,7 @@ fn the_stale_scan_skips_fifos_links_and_live_files_without_blocking() {
 fn a_file_shrunk_under_a_live_share_gives_errors_not_signals() {
     let root = Root::new();
     let (p, c) = pair(&root);
+    assert!(p.intact());
     let mut dead = Vec::new();
     p.assign(3, 4, 2).unwrap();
     let r = c.register(3, 4, &mut dead).unwrap();
@@ -530,6 +531,10 @@ fn a_file_shrunk_under_a_live_share_gives_errors_not_signals() {
         .unwrap()
         .set_len(10)
         .unwrap();
+    assert!(
+        !p.intact(),
+        "the producer sees it (and puts no new share there)"
+    );
     // A consumer: a typed error.
     assert!(matches!(
         c.register(3, 4, &mut dead),
