@@ -405,20 +405,23 @@ fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
     suite.and(standin)
 }
 
-/// The Python package's tests that need a CUDA driver, the real one or the stand-in.
-pub(crate) const DRIVER_TESTS: &str = "test_share_driver.py";
+/// The Python package's tests that need a CUDA driver, the real one or the stand-in: the
+/// sharing path, and the sharing protocol's trust model (ARCHITECTURE.md).
+pub(crate) const DRIVER_TESTS: &[&str] = &["test_share_driver.py", "test_share_trust.py"];
 
 /// [`DRIVER_TESTS`] in `env` with the wheels of `site`, through the stand-in driver
 /// (`standin.rs`, built before), failing rather than skipping when it does not load.
 pub(crate) fn pytest_standin(steps: &mut Steps, env: &Venv, site: &Path) -> Result<()> {
     let tests = root().join(PYTHON_CRATE).join("tests");
-    let driver = tests.join(DRIVER_TESTS);
+    let driver: Vec<PathBuf> = DRIVER_TESTS.iter().map(|t| tests.join(t)).collect();
+    let paths: Vec<&Path> = driver.iter().map(PathBuf::as_path).collect();
     steps.cmd(
         &format!(
-            "pytest {DRIVER_TESTS} on the stand-in driver ({})",
+            "pytest {} on the stand-in driver ({})",
+            DRIVER_TESTS.join(" "),
             env.name()
         ),
-        pytest_cmd(env, site, &tests, &[driver.as_path()])
+        pytest_cmd(env, site, &tests, &paths)
             .env("LD_LIBRARY_PATH", crate::standin::library_path())
             .env("TB_REQUIRE_DRIVER", "1"),
     )

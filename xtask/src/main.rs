@@ -87,7 +87,7 @@ tasks:
       The sharing path (tensorbridge_cuda::ipc, the Python share/open) through the
       stand-in CUDA driver (crates/tensorbridge-cuda-standin, put in target/cuda-standin
       as libcuda.so.1): tensorbridge-cuda's cuda_driver tests, then the wheels and
-      test_share_driver.py in the pinned environment. `ci` runs the same steps.
+      test_share_driver.py and test_share_trust.py in the pinned environment. `ci` runs the same steps.
   help
       This text.
 ";

@@ -171,9 +171,13 @@ fn test_gpu(
             }
             let smoke = python.tests.join("test_native_smoke.py");
             // The sharing tests CI runs on the stand-in driver, here on the real one.
-            let driver = python.tests.join(ci::DRIVER_TESTS);
+            let driver: Vec<PathBuf> = ci::DRIVER_TESTS
+                .iter()
+                .map(|t| python.tests.join(t))
+                .collect();
             let gpu = python.tests.join("gpu");
-            let mut paths = vec![smoke.as_path(), driver.as_path()];
+            let mut paths = vec![smoke.as_path()];
+            paths.extend(driver.iter().map(PathBuf::as_path));
             if gpu.is_dir() {
                 paths.push(gpu.as_path());
             }

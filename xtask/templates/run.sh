@@ -55,7 +55,7 @@ py="${PYTHON:-python3}"
 tests="$here/@PYTHON_TESTS@"
 # The GPU suite, the native smoke tests (their GPU half runs only where there is a GPU), and
 # the sharing tests that CI runs on the stand-in driver, here on the real one.
-suites=("$tests/test_native_smoke.py" "$tests/test_share_driver.py")
+suites=("$tests/test_native_smoke.py" "$tests/test_share_driver.py" "$tests/test_share_trust.py")
 [ -d "$tests/gpu" ] && suites+=("$tests/gpu")
 rm -rf "$here/py"
 if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example \

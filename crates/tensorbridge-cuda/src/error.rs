@@ -322,6 +322,27 @@ pub enum Error {
         /// The OS error number.
         errno: i32,
     },
+    /// A share lifetime file, or the per-user directory of them, that is not what this crate
+    /// makes: another user's, a link, a FIFO, another mode or size, a foreign header.
+    #[error("refusing the share lifetime file {path}: it is {found} (expected {expected})")]
+    IpcLifetimeFileRefused {
+        /// The file or directory.
+        path: String,
+        /// What it is.
+        found: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// A handle of a share made by another user.
+    #[error(
+        "the share was made by user {handle_uid} and this process runs as user {uid} (expected producer and consumer to run as the same user: another user's memory is never mapped)"
+    )]
+    IpcOtherUser {
+        /// The user the handle names.
+        handle_uid: u32,
+        /// This process's effective user.
+        uid: u32,
+    },
     /// A consumer stream a release cannot be ordered on.
     #[error(
         "a shared tensor cannot be opened on the {stream}: its release is ordered on that stream from whichever thread drops the tensor (expected the legacy default stream or a stream handle)"

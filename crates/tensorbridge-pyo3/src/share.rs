@@ -6,7 +6,8 @@
 //! travels through `multiprocessing`, `torch.multiprocessing`, Ray's object store or a
 //! socket), comparable, and validated whenever it is made from bytes. In the producer's
 //! process, the handle that `share` returned also holds the share: dropping it lets the share
-//! go (after its expected consumers have opened it and every consumer has released it).
+//! go (after its expected consumers have opened it and every consumer has released it). In a
+//! forked child, dropping the inherited handle changes nothing: the share is the parent's.
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -35,7 +36,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 ///
 /// Whoever holds the bytes can map the tensor's whole CUDA allocation, read and write, from
 /// any process of the same user on the same machine while the share lives: treat them like an
-/// open file descriptor. They mean nothing on another machine.
+/// open file descriptor. Another user's process is refused. They mean nothing on another
+/// machine.
 #[pyclass(module = "tensorbridge", name = "Handle", frozen)]
 pub struct Handle {
     handle: IpcHandle,

@@ -28,7 +28,7 @@ def fnv1a(data: bytes) -> int:
 def spec(**changes):
     """A float32 (3, 4) tensor, row-major, 1 KiB into a 2 MiB allocation, with an event."""
     s = dict(
-        magic=b"TBSHARE\0", version=1, flags=0b10, memory=1, reserved=0,
+        magic=b"TBSHARE\0", version=2, flags=0b10, memory=1, reserved=0,
         dtype=(2, 32, 1), pid=31337, start=123456, uid=1000, slot=12, generation=77,
         nonce=0x0123456789ABCDEF, alloc_size=2 << 20, base_offset=1024, byte_offset=0,
         producer_base=0x7F1200000000, uuid=bytes(range(16)), mem_handle=b"\x5a" * 64,
@@ -124,7 +124,7 @@ def test_every_changed_byte_is_a_value_error(tb):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(version=2), "format version 2"),
+        (dict(version=1), "format version 1"),
         (dict(flags=1 << 3), "flags"),
         (dict(memory=2), "memory kind"),
         (dict(pid=0), "producer process id"),

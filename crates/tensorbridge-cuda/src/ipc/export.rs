@@ -36,7 +36,8 @@ struct Entry {
 }
 
 struct Producer {
-    files: Vec<Arc<SlotFile>>,
+    /// This process's lifetime files; `None` once removed (its last share freed).
+    files: Vec<Option<Arc<SlotFile>>>,
     free: Vec<Key>,
     next_generation: u64,
     live: HashMap<Key, Entry>,
@@ -65,11 +66,35 @@ impl Producer {
                 expected: "1 to 2^40 - 1 (this process has made 2^40 shares)",
             });
         }
+        // A file whose size was changed under it gets no new share (its consumers would be
+        // refused); it goes once the shares still in it are freed.
+        let damaged: Vec<usize> = self
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.as_ref().is_some_and(|f| !f.intact()))
+            .map(|(i, _)| i)
+            .collect();
+        if !damaged.is_empty() {
+            self.free.retain(|k| !damaged.contains(&k.file));
+            for i in damaged {
+                self.retire_file_if_unused(i);
+            }
+        }
         let key = match self.free.pop() {
             Some(key) => key,
             None => {
-                let file = self.files.len();
-                self.files.push(Arc::new(SlotFile::create()?));
+                let made = Some(Arc::new(SlotFile::create()?));
+                let file = match self.files.iter().position(Option::is_none) {
+                    Some(i) => {
+                        self.files[i] = made;
+                        i
+                    }
+                    None => {
+                        self.files.push(made);
+                        self.files.len() - 1
+                    }
+                };
                 self.free
                     .extend((1..SLOTS).rev().map(|slot| Key { file, slot }));
                 Key { file, slot: 0 }
@@ -78,6 +103,22 @@ impl Producer {
         let generation = self.next_generation;
         self.next_generation += 1;
         Ok((key, generation))
+    }
+
+    /// The file of `key`, which a live share or a free slot names (so it is there).
+    fn file(&self, key: Key) -> Option<Arc<SlotFile>> {
+        self.files.get(key.file).cloned().flatten()
+    }
+
+    /// Removes file `i` (name and all) if no share in it is left.
+    fn retire_file_if_unused(&mut self, i: usize) {
+        if self.live.keys().any(|k| k.file == i) {
+            return;
+        }
+        if let Some(file) = self.files.get_mut(i).and_then(Option::take) {
+            file.remove();
+            self.free.retain(|k| k.file != i);
+        }
     }
 }
 
@@ -92,6 +133,8 @@ pub struct Shared {
 
 struct SharedInner {
     handle: IpcHandle,
+    /// The process that shared: in a forked child, dropping an inherited copy changes nothing.
+    pid: u32,
     /// `None` for a tensor without elements (nothing to keep).
     key: Option<Key>,
 }
@@ -105,16 +148,16 @@ impl Shared {
     /// How many of the expected consumers have not opened the share yet.
     pub fn tickets_left(&self) -> u32 {
         self.inner.key.map_or(0, |key| {
-            let p = producer();
-            p.files[key.file].tickets(key.slot)
+            let file = producer().file(key);
+            file.map_or(0, |f| f.tickets(key.slot))
         })
     }
 
     /// The process ids of the consumers that hold the share now.
     pub fn holders(&self) -> Vec<u32> {
         self.inner.key.map_or_else(Vec::new, |key| {
-            let p = producer();
-            p.files[key.file].holders(key.slot)
+            let file = producer().file(key);
+            file.map_or_else(Vec::new, |f| f.holders(key.slot))
         })
     }
 }
@@ -132,13 +175,22 @@ impl Drop for SharedInner {
         let Some(key) = self.key else {
             return;
         };
-        {
+        if self.pid != std::process::id() {
+            // A forked child's copy: the share is the parent's. Nothing here takes a lock the
+            // parent's threads may have held at the fork.
+            return;
+        }
+        let closing = {
             let mut p = producer();
-            let file = p.files[key.file].clone();
-            if let Some(entry) = p.live.get_mut(&key) {
+            let file = p.file(key);
+            p.live.get_mut(&key).and_then(|entry| {
                 entry.closed = true;
-                file.close(key.slot);
-            }
+                file.map(|f| (f, entry.generation))
+            })
+        };
+        // Outside the producer's lock: the file's slot lock may take a moment.
+        if let Some((file, generation)) = closing {
+            file.close(key.slot, generation);
         }
         // Freed at once when no consumer holds it; otherwise the reaper watches it.
         super::collect();
@@ -209,6 +261,7 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
         return Ok(Shared {
             inner: Arc::new(SharedInner {
                 handle: IpcHandle::encode(fields),
+                pid: std::process::id(),
                 key: None,
             }),
         });
@@ -240,7 +293,14 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
 
     let mut p = producer();
     let (key, generation) = p.allocate()?;
-    let file = p.files[key.file].clone();
+    let Some(file) = p.file(key) else {
+        p.free.push(key);
+        return Err(Error::IpcLifetimeFile {
+            op: "create",
+            path: super::lifetime::SHM_DIR.into(),
+            errno: libc::ENOENT,
+        });
+    };
     fields.slot = SlotRef {
         nonce: file.nonce,
         slot: key.slot,
@@ -252,7 +312,10 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
         p.free.push(key);
         return Err(e);
     }
-    file.assign(key.slot, generation, consumers);
+    if let Err(e) = file.assign(key.slot, generation, consumers) {
+        p.free.push(key);
+        return Err(e);
+    }
     p.live.insert(
         key,
         Entry {
@@ -265,6 +328,7 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
     Ok(Shared {
         inner: Arc::new(SharedInner {
             handle,
+            pid: std::process::id(),
             key: Some(key),
         }),
     })
@@ -272,22 +336,32 @@ pub fn export(tensor: &Tensor, consumers: u32) -> Result<Shared, Error> {
 
 /// The tensor of this process's own live share `slot` (an open in the producer's process
 /// takes a ticket, as another process's would, and holds the memory through the tensor's
-/// owner).
-pub(crate) fn local(slot: &SlotRef) -> Result<Tensor, Refusal> {
+/// owner), and whether a ticket was taken (to give back with [`unlocal`] if the open fails).
+/// `None`: no file of this process has that nonce (the handle is another process's, which
+/// may carry the same pid in another PID namespace).
+pub(crate) fn local(slot: &SlotRef) -> Option<Result<(Tensor, bool), Refusal>> {
     let p = producer();
-    let Some(file) = p.files.iter().position(|f| f.nonce == slot.nonce) else {
-        return Err(Refusal::Released);
-    };
+    let file = p
+        .files
+        .iter()
+        .position(|f| f.as_ref().is_some_and(|f| f.nonce == slot.nonce))?;
     let key = Key {
         file,
         slot: slot.slot,
     };
-    match p.live.get(&key) {
-        Some(entry) if entry.generation == slot.generation => {
-            p.files[file].take_ticket(slot.slot, slot.generation)?;
-            Ok(entry.tensor.clone())
-        }
+    Some(match (p.live.get(&key), p.file(key)) {
+        (Some(entry), Some(f)) if entry.generation == slot.generation => f
+            .take_ticket(slot.slot, slot.generation)
+            .map(|ticket| (entry.tensor.clone(), ticket)),
         _ => Err(Refusal::Released),
+    })
+}
+
+/// Gives back the ticket an open in the producer's own process took before it failed.
+pub(crate) fn unlocal(slot: &SlotRef) {
+    let p = producer();
+    if let Some(f) = p.files.iter().flatten().find(|f| f.nonce == slot.nonce) {
+        f.return_ticket(slot.slot, slot.generation);
     }
 }
 
@@ -306,17 +380,22 @@ pub(crate) fn collect() -> usize {
             .collect();
         let mut waiting = 0;
         for key in closed {
-            if p.files[key.file].is_released(key.slot, &mut dead) {
+            let generation = p.live.get(&key).map_or(0, |e| e.generation);
+            let released = p
+                .file(key)
+                .is_none_or(|f| f.is_released(key.slot, generation, &mut dead));
+            if released {
                 freed.extend(p.live.remove(&key));
                 p.free.push(key);
+                p.retire_file_if_unused(key.file);
             } else {
                 waiting += 1;
             }
         }
         waiting
     };
-    for gone in dead {
-        report(Report::ConsumerDied { pid: gone.pid });
+    for pid in dead {
+        report(Report::ConsumerDied { pid });
     }
     // Owners drop outside the lock: a Python owner takes the GIL, a cudarc one frees memory.
     drop(freed);

@@ -11,8 +11,8 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use tensorbridge::{Device, Owner, Ready, Stream, Tensor};
 
 use super::cuda::{ImportedEvent, Mapping, ordinal_of};
-use super::export::local;
-use super::lifetime::{HOLDERS, Refusal, Registration, SlotFile, has_exited, me};
+use super::export::{local, unlocal};
+use super::lifetime::{HOLDERS, Refusal, Registration, SlotFile, me, uid};
 use super::wire::{DeviceUuid, Fields, IpcHandle, Memory, ProcessId, SlotRef};
 use super::{Report, report};
 use crate::CaptureStatus;
@@ -36,8 +36,11 @@ struct Consumer {
 }
 
 /// An allocation of a producer, on a GPU: the producer's address names it while it lives,
-/// and it lives while any share of it is held (a held share keeps its memory alive).
-type MapKey = (ProcessId, u64, DeviceUuid);
+/// and it lives while any share of it is held (a held share keeps its memory alive). The
+/// memory handle is part of the key: a handle that names another allocation at the same
+/// address (or another producer with the same pid, in another PID namespace) never reuses
+/// this mapping.
+type MapKey = (ProcessId, u64, DeviceUuid, [u8; 64]);
 
 static CONSUMER: LazyLock<Mutex<Consumer>> = LazyLock::new(|| {
     Mutex::new(Consumer {
@@ -64,18 +67,71 @@ pub(crate) fn retiring() -> usize {
 pub(crate) struct Held {
     mapping: MapKey,
     base: u64,
+    /// The mapped size, as the driver reports it: what every later open of this hold is
+    /// checked against.
+    mapped: u64,
     event: Option<(Arc<ImportedEvent>, [u8; 64])>,
     registration: Option<Registration>,
+    /// The process that made the hold: a forked child's drop of an inherited copy changes
+    /// nothing (the hold, its mapping and its lock are the parent's).
+    pid: u32,
 }
 
 impl Held {
     fn base(&self) -> u64 {
         self.base
     }
+
+    /// The first open, for which this hold was made, failed after it: its ticket goes back.
+    fn cancel(&self) {
+        if let Some(r) = &self.registration {
+            r.cancel();
+        }
+    }
+
+    /// Checks an open that reuses this hold exactly as a first open is checked: the same
+    /// allocation (memory handle, device, producer address), the same event, and an
+    /// allocation size (inside which the decoder placed the view) within what is mapped.
+    fn check_reuse(&self, x: &Fields) -> Result<(), Error> {
+        let (_, base, uuid, mem) = &self.mapping;
+        if *mem != x.mem_handle || *uuid != x.uuid || *base != x.producer_base {
+            return Err(Error::IpcHandleField {
+                field: "memory handle",
+                value: x.producer_base,
+                expected: "the allocation this process already maps for that share",
+            });
+        }
+        if self.event.as_ref().map(|(_, h)| h) != x.event_handle.as_ref() {
+            return Err(Error::IpcHandleField {
+                field: "event handle",
+                value: u64::from(x.event_handle.is_some()),
+                expected: "the event this process already waits on for that share",
+            });
+        }
+        if x.alloc_size > self.mapped {
+            return Err(Error::IpcHandleField {
+                field: "allocation size",
+                value: x.alloc_size,
+                expected: "at most the size of the allocation the memory handle maps",
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child: nothing of this is the child's to close or give back, and the
+            // consumer's lock may have been held by a parent thread at the fork.
+            if let Some(r) = self.registration.take() {
+                drop(r); // a no-op in another process
+            }
+            if let Some((event, _)) = self.event.take() {
+                std::mem::forget(event);
+            }
+            return;
+        }
         // The mapping and the event first (closed if this was their last user), the holder
         // entry last: the producer may free and reuse the memory once the entry is back.
         {
@@ -88,8 +144,9 @@ impl Drop for Held {
         }
         if let Some(registration) = self.registration.take() {
             let producer = registration.producer();
+            let alive = registration.producer_alive();
             drop(registration);
-            if has_exited(producer) {
+            if !alive {
                 report(Report::ProducerGone { pid: producer.pid });
             }
         }
@@ -128,6 +185,11 @@ impl Drop for Lease {
         let Some(held) = self.held.take() else {
             return;
         };
+        if held.pid != std::process::id() {
+            // A forked child (which cannot use CUDA): the hold is the parent's; leave it.
+            std::mem::forget(held);
+            return;
+        }
         RETIRING.fetch_add(1, Ordering::SeqCst);
         let owner: Owner = Arc::new(Retiring { _held: held });
         match &self.on {
@@ -161,29 +223,26 @@ impl Consumer {
         if let Some(file) = self.files.get(&key).and_then(Weak::upgrade) {
             return Ok(file);
         }
+        // No file: its producer removed it once its last share was freed (or, having died,
+        // another producer of this user removed it).
         let Some(file) = SlotFile::open(x.producer, x.uid, x.slot.nonce)? else {
-            return Err(if has_exited(x.producer) {
-                Error::IpcProducerGone {
-                    pid: x.producer.pid,
-                }
-            } else {
-                Error::IpcLifetimeFile {
-                    op: "open",
-                    path: super::lifetime::path(x.uid, x.producer.pid, x.slot.nonce)
-                        .display()
-                        .to_string(),
-                    errno: libc::ENOENT,
-                }
+            return Err(Error::IpcReleased {
+                pid: x.producer.pid,
             });
         };
+        if !file.producer_alive() {
+            return Err(Error::IpcProducerGone {
+                pid: x.producer.pid,
+            });
+        }
         let file = Arc::new(file);
         self.files.insert(key, Arc::downgrade(&file));
         Ok(file)
     }
 
     /// A use of the mapping of `x`'s allocation (opened now if this process has none).
-    fn use_mapping(&mut self, x: &Fields, ordinal: u32) -> Result<(MapKey, u64), Error> {
-        let key = (x.producer, x.producer_base, x.uuid);
+    fn use_mapping(&mut self, x: &Fields, ordinal: u32) -> Result<(MapKey, u64, u64), Error> {
+        let key = (x.producer, x.producer_base, x.uuid, x.mem_handle);
         if let Some((m, users)) = self.mappings.get_mut(&key) {
             // The allocation at that address is still the one mapped: a share of it is held
             // (by the users of `m`), so the producer cannot have freed it.
@@ -195,12 +254,12 @@ impl Consumer {
                 });
             }
             *users += 1;
-            return Ok((key, m.base));
+            return Ok((key, m.base, m.size));
         }
         let m = Mapping::open(&x.mem_handle, ordinal, x.alloc_size)?;
-        let base = m.base;
+        let (base, size) = (m.base, m.size);
         self.mappings.insert(key, (m, 1));
-        Ok((key, base))
+        Ok((key, base, size))
     }
 
     /// Gives back a use of a mapping; the last one closes it (here, under the lock).
@@ -234,17 +293,13 @@ impl Consumer {
 
     /// This process's hold on the share `x` names: the existing one, or a new holder entry,
     /// mapping and imported event.
-    fn acquire(&mut self, x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
+    fn acquire(&mut self, x: &Fields, ordinal: u32) -> Result<(Arc<Held>, bool), Error> {
         let key = (x.producer, x.slot);
         if let Some(held) = self.holds.get(&key).and_then(Weak::upgrade) {
-            return Ok(held);
+            held.check_reuse(x)?;
+            return Ok((held, false));
         }
         self.prune();
-        if has_exited(x.producer) {
-            return Err(Error::IpcProducerGone {
-                pid: x.producer.pid,
-            });
-        }
         let file = self.file(x)?;
         if x.slot.slot >= file.slots {
             return Err(Error::IpcHandleField {
@@ -255,17 +310,24 @@ impl Consumer {
         }
         let mut dead = Vec::new();
         let registration = file.register(x.slot.slot, x.slot.generation, &mut dead);
-        for gone in dead {
-            report(Report::ConsumerDied { pid: gone.pid });
+        for pid in dead {
+            report(Report::ConsumerDied { pid });
         }
         let registration = registration.map_err(|r| refusal(r, x.producer))?;
-        // From here, an error drops `registration`, which gives the entry back.
-        let (mapping, base) = self.use_mapping(x, ordinal)?;
+        // From here, an error cancels `registration`: the entry and the ticket go back.
+        let (mapping, base, mapped) = match self.use_mapping(x, ordinal) {
+            Ok(m) => m,
+            Err(e) => {
+                registration.cancel();
+                return Err(e);
+            }
+        };
         let event = match &x.event_handle {
             Some(h) => match self.use_event(h, ordinal) {
                 Ok(e) => Some((e, *h)),
                 Err(e) => {
                     self.unuse_mapping(&mapping);
+                    registration.cancel();
                     return Err(e);
                 }
             },
@@ -274,11 +336,13 @@ impl Consumer {
         let held = Arc::new(Held {
             mapping,
             base,
+            mapped,
             event,
             registration: Some(registration),
+            pid: std::process::id(),
         });
         self.holds.insert(key, Arc::downgrade(&held));
-        Ok(held)
+        Ok((held, true))
     }
 }
 
@@ -286,6 +350,7 @@ fn refusal(r: Refusal, producer: ProcessId) -> Error {
     match r {
         Refusal::Released => Error::IpcReleased { pid: producer.pid },
         Refusal::Full => Error::IpcTooManyConsumers { limit: HOLDERS },
+        Refusal::File(e) => e,
     }
 }
 
@@ -325,8 +390,8 @@ unsafe fn wait(
 /// Where an open is going: the checks every open makes first, and the shortcuts that need no
 /// mapping.
 enum Plan {
-    /// The producer's own process: its tensor.
-    Own(Tensor),
+    /// The producer's own process: its tensor, and whether the open took a ticket.
+    Own(Tensor, bool),
     /// A tensor without elements: nothing to map.
     Empty(Tensor),
     /// Another process's memory, on this process's device `ordinal`.
@@ -347,9 +412,17 @@ fn plan(handle: &IpcHandle, consumer: Stream) -> Result<Plan, Error> {
         let t = unsafe { Tensor::from_descriptor(desc, Arc::new(())) };
         return Ok(Plan::Empty(t));
     }
-    if x.producer == me() {
-        return local(&x.slot)
-            .map(Plan::Own)
+    if x.uid != uid() {
+        return Err(Error::IpcOtherUser {
+            handle_uid: x.uid,
+            uid: uid(),
+        });
+    }
+    if x.producer == me()
+        && let Some(own) = local(&x.slot)
+    {
+        return own
+            .map(|(t, ticket)| Plan::Own(t, ticket))
             .map_err(|r| refusal(r, x.producer));
     }
     Ok(Plan::Map {
@@ -372,22 +445,35 @@ fn plan(handle: &IpcHandle, consumer: Stream) -> Result<Plan, Error> {
 pub fn import(handle: &IpcHandle, consumer: &Arc<CudaStream>) -> Result<Tensor, Error> {
     let name = crate::stream_of(consumer);
     let ordinal = match plan(handle, name)? {
-        Plan::Own(own) => return crate::handoff(&own, consumer),
+        Plan::Own(own, ticket) => {
+            return crate::handoff(&own, consumer).inspect_err(|_| {
+                if ticket {
+                    unlocal(&handle.fields().slot);
+                }
+            });
+        }
         Plan::Empty(t) => return Ok(t),
         Plan::Map { ordinal } => ordinal,
     };
     let x = handle.fields();
-    let held = consumer_acquire(x, ordinal)?;
-    if let Some((event, _)) = &held.event {
-        // SAFETY: a cudarc stream borrowed for the call is live, in its own context.
-        unsafe { wait(event, consumer.context(), consumer.cu_stream()) }?;
-    }
-    let desc = x.descriptor_at(held.base() as usize, Device::cuda(ordinal))?;
+    let (held, fresh) = consumer_acquire(x, ordinal)?;
+    let prepared = (|| -> Result<_, Error> {
+        if let Some((event, _)) = &held.event {
+            // SAFETY: a cudarc stream borrowed for the call is live, in its own context.
+            unsafe { wait(event, consumer.context(), consumer.cu_stream()) }?;
+        }
+        let desc = x.descriptor_at(held.base() as usize, Device::cuda(ordinal))?;
+        Ok((desc, crate::ready_on(consumer)?))
+    })();
+    let (desc, ready) = prepared.inspect_err(|_| {
+        if fresh {
+            held.cancel();
+        }
+    })?;
     let lease = Lease {
         held: Some(held),
         on: ReleaseOn::Cudarc(consumer.clone()),
     };
-    let ready = crate::ready_on(consumer)?;
     // SAFETY: the span lies inside the mapping (checked against the allocation's size when it
     // was opened, and the layout against that size when the handle was decoded), which stays
     // mapped, and the producer's memory alive (the holder entry), until the lease's last
@@ -412,9 +498,15 @@ pub fn import(handle: &IpcHandle, consumer: &Arc<CudaStream>) -> Result<Tensor, 
 ///    the release is ordered on it when the last clone drops).
 pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor, Error> {
     let ordinal = match plan(handle, consumer)? {
-        // SAFETY: obligation 1 is `handoff_raw`'s 1; its 2 (the per-thread stream) cannot
-        // arise: `plan` refused it.
-        Plan::Own(own) => return unsafe { crate::handoff_raw(&own, consumer) },
+        Plan::Own(own, ticket) => {
+            // SAFETY: obligation 1 is `handoff_raw`'s 1; its 2 (the per-thread stream) cannot
+            // arise: `plan` refused it.
+            return unsafe { crate::handoff_raw(&own, consumer) }.inspect_err(|_| {
+                if ticket {
+                    unlocal(&handle.fields().slot);
+                }
+            });
+        }
         Plan::Empty(t) => return Ok(t),
         Plan::Map { ordinal } => ordinal,
     };
@@ -427,12 +519,19 @@ pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor,
         _ => device(ordinal)?.ctx().clone(),
     };
     let release_ordinal = u32::try_from(ctx.ordinal()).unwrap_or(u32::MAX);
-    let held = consumer_acquire(x, ordinal)?;
-    if let Some((event, _)) = &held.event {
-        // SAFETY: `consumer` is live (obligation 1), a stream of `ctx` or a default stream.
-        unsafe { wait(event, &ctx, raw_stream(consumer)) }?;
-    }
-    let desc = x.descriptor_at(held.base() as usize, Device::cuda(ordinal))?;
+    let (held, fresh) = consumer_acquire(x, ordinal)?;
+    let prepared = (|| -> Result<_, Error> {
+        if let Some((event, _)) = &held.event {
+            // SAFETY: `consumer` is live (obligation 1), a stream of `ctx` or a default stream.
+            unsafe { wait(event, &ctx, raw_stream(consumer)) }?;
+        }
+        x.descriptor_at(held.base() as usize, Device::cuda(ordinal))
+    })();
+    let desc = prepared.inspect_err(|_| {
+        if fresh {
+            held.cancel();
+        }
+    })?;
     let lease = Lease {
         held: Some(held),
         on: ReleaseOn::Raw {
@@ -449,7 +548,8 @@ pub unsafe fn import_raw(handle: &IpcHandle, consumer: Stream) -> Result<Tensor,
     Ok(unsafe { t.with_ready(Ready::Stream(consumer)) })
 }
 
-fn consumer_acquire(x: &Fields, ordinal: u32) -> Result<Arc<Held>, Error> {
+/// This process's hold on the share `x` names, and whether it was made by this call.
+fn consumer_acquire(x: &Fields, ordinal: u32) -> Result<(Arc<Held>, bool), Error> {
     consumer().acquire(x, ordinal)
 }
 

@@ -39,8 +39,9 @@
 //!   event, another adapter's signal: a stream of the layer's own waits for it first).
 //!   The consumer's stream waits on it (`cuStreamWaitEvent`); neither host blocks. A tensor
 //!   that is ready now carries no event;
-//! - the **lifetime slot** and the **producer**: its pid and start time, the slot's index and
-//!   generation in the producer's lifetime file (`lifetime.rs`).
+//! - the **lifetime slot** and the **producer**: its user, pid and start time, the slot's
+//!   index and generation in the producer's lifetime file (`lifetime.rs`), which lives in
+//!   the user's own `0700` directory `/dev/shm/tensorbridge-<uid>/`.
 //!
 //! # Lifetime rules
 //! 1. The producer's memory stays alive (the [`Tensor`]'s owner is kept by the share) while
@@ -57,28 +58,42 @@
 //!    consumer kernel may still read. When the last lease has run out, the mapping is closed
 //!    and the holder entry given back. Neither host waits for the device: the retire queue's
 //!    threads sleep until the device is done ([`crate::reclaim`] releases what is done now).
-//! 3. Death is detected, not trusted away: a holder whose process has exited (pid gone, a
-//!    zombie, or a pid now naming a process with another start time) is taken back by the
-//!    producer and reported ([`Report::ConsumerDied`]); a producer that has exited is refused
-//!    at open ([`Error::IpcProducerGone`]) and reported at release ([`Report::ProducerGone`]).
+//! 3. Death is detected by locks, not by process ids: the producer and every holder hold a
+//!    byte-range lock on the lifetime file for as long as they live, and the kernel drops a
+//!    dead process's locks. A holder entry whose lock is free is taken back by the producer
+//!    and reported ([`Report::ConsumerDied`]); a producer whose lock is free is refused at
+//!    open ([`Error::IpcProducerGone`]) and reported at release ([`Report::ProducerGone`]).
+//!    Pid reuse and PID namespaces change nothing. A forked child that inherits the file's
+//!    descriptor shares its parent's locks: memory may then stay longer, never less.
 //!    A producer's memory dies with its process (the driver frees it with the context); a
 //!    consumer's mapping then stays a mapping of freed memory only within that consumer: the
 //!    driver never hands those pages to anyone while they are mapped.
 //! 4. In the producer's own process an open takes a ticket too, and returns the producer's
-//!    tensor itself.
+//!    tensor itself. An open that fails (in any process) gives its ticket back.
+//! 5. Only the process that made a [`Shared`], a hold or a lease releases it: in a forked
+//!    child, dropping inherited ones is a no-op (no lock the parent's threads may have held at
+//!    the fork is taken), and the process identity is read again.
+//! 6. The producer removes its lifetime file when the last share in it is freed; a file left
+//!    by a producer that died (its lock free) is removed by the next producer of that user.
 //!
 //! # What a handle grants
 //! Any process of the same user on the same machine that holds the bytes can map the whole
 //! allocation (not only the tensor's bytes: other tensors of a caching allocator's block are
-//! in it), read and write, for as long as the share lives; the lifetime file is mode 0600, so
-//! another user's process is refused. Read-only is a promise the consumer's frameworks keep,
-//! not a protection: CUDA IPC maps memory writable. Treat a handle like an open file
-//! descriptor to that memory. The checksum catches damage, not forgery: the decoder's checks
-//! (sizes, offsets inside the allocation, versions) are what keep an altered handle from
-//! mapping anything but a whole allocation the producer shared.
+//! in it), read and write, for as long as the share lives. Another user's process is refused:
+//! the handle's user must be the caller's effective user ([`Error::IpcOtherUser`]), and the
+//! lifetime file lies in a `0700` directory of its user, opened without following links or
+//! blocking and checked for type, owner, mode and size ([`Error::IpcLifetimeFileRefused`]).
+//! Read-only is a promise the consumer's frameworks keep, not a protection: CUDA IPC maps
+//! memory writable. Treat a handle like an open file descriptor to that memory. The checksum
+//! catches damage, not forgery: the decoder's checks (sizes, offsets inside the allocation,
+//! versions), and at open the driver's size of the mapping (every open, also one that reuses
+//! a mapping this process already holds for the share), are what keep an altered handle from
+//! viewing anything but a whole allocation the producer shared. The full trust model (who may
+//! write each byte, what each side checks) is in ARCHITECTURE.md, "Sharing protocol: trust
+//! model".
 //!
-//! Handles never work across machines (or across PID namespaces, whose process ids differ):
-//! CUDA IPC maps memory of the same machine. Across nodes, move the data with NCCL
+//! Handles never work across machines: CUDA IPC maps memory of the same machine. Across PID
+//! namespaces they do, where both see the same `/dev/shm` (liveness is a lock, not a pid). Across nodes, move the data with NCCL
 //! (`torch.distributed`), UCX or NIXL, which take the same tensors through the frameworks:
 //! `torch.from_dlpack(view)` for `torch.distributed.send`, or a NIXL `register_memory` of the
 //! view's pointer and size.
@@ -91,8 +106,12 @@
 //! - A producer keeps its memory only while its process lives.
 //! - At most [`HOLDERS`] consumer processes hold one share at a time, and a share expects at
 //!   most [`MAX_CONSUMERS`] consumers.
-//! - Lifetime files live in `/dev/shm`, which both processes must see (containers: share it,
-//!   and the PID namespace).
+//! - Lifetime files live in `/dev/shm/tensorbridge-<uid>/`, which both processes must see
+//!   (containers: share `/dev/shm`; the PID namespace need not be shared) and run as the same
+//!   effective user. Another local user who creates that directory first (or a link of that
+//!   name) denies this user sharing with a typed error; nothing more.
+//! - A forked child cannot use CUDA, hence neither side of a share; it may drop what it
+//!   inherited (a no-op).
 
 mod cuda;
 mod export;

@@ -2,12 +2,12 @@
 //! an object store), versioned, with a checksum, and decoded by one function that checks
 //! everything before anything trusts it. Pure: no driver, no file, no process is touched here.
 //!
-//! # Layout (version 1, all integers little-endian)
+//! # Layout (version 2, all integers little-endian)
 //!
 //! | offset | bytes | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `TBSHARE\0` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2; version 1 named lifetime files this version no longer reads) |
 //! | 12 | 4 | total length in bytes, checksum included (`248 + 16 * ndim`) |
 //! | 16 | 4 | flags: bit 0 read-only, bit 1 an interprocess event to wait for, bit 2 padded sub-byte elements; the others 0 |
 //! | 20 | 1 | memory: 0 none (a tensor without elements), 1 a legacy CUDA IPC memory handle |
@@ -50,7 +50,7 @@ pub(crate) use crate::types::DeviceUuid;
 /// The first eight bytes of every handle.
 pub(crate) const MAGIC: [u8; 8] = *b"TBSHARE\0";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes before the shape.
 const FIXED: usize = 240;
 /// The checksum's bytes.

@@ -16,6 +16,7 @@
 
 mod ipc;
 mod standin;
+mod trust;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -321,7 +322,10 @@ fn child() -> Result<()> {
     // a line of its own.
     println!();
     let io = Io;
-    let result = ipc::child(&role, &io);
+    let result = match role.strip_prefix("trust-") {
+        Some(role) => trust::child(role, &io),
+        None => ipc::child(&role, &io),
+    };
     if let Err(e) = &result {
         io.say("failed", &format!("{e:#}"));
     }

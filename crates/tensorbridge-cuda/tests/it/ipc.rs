@@ -8,7 +8,7 @@ use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Stream};
 use tensorbridge_cuda::Error;
 use tensorbridge_cuda::ipc::{self, IpcHandle};
 
-/// The fields of a version-1 handle, as the format table names them.
+/// The fields of a version-2 handle, as the format table names them.
 #[derive(Clone, Debug)]
 struct Spec {
     flags: u32,
@@ -71,7 +71,7 @@ fn encode_declared(s: &Spec, declared: Option<u32>) -> Vec<u8> {
     let len = 248 + 16 * ndim;
     let mut b = Vec::new();
     b.extend_from_slice(b"TBSHARE\0");
-    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&2u32.to_le_bytes());
     b.extend_from_slice(&declared.unwrap_or(len as u32).to_le_bytes());
     b.extend_from_slice(&s.flags.to_le_bytes());
     b.push(s.memory);
@@ -197,13 +197,14 @@ fn every_changed_byte_is_refused() {
         IpcHandle::from_bytes(&b),
         Err(Error::IpcHandleChecksum { .. })
     ));
-    let mut v2 = bytes;
-    v2[8] = 2;
+    // Version 1 (lifetime files by name in /dev/shm itself): refused, not misread.
+    let mut v1 = bytes;
+    v1[8] = 1;
     assert!(matches!(
-        IpcHandle::from_bytes(&v2),
+        IpcHandle::from_bytes(&v1),
         Err(Error::IpcHandleVersion {
-            found: 2,
-            expected: 1
+            found: 1,
+            expected: 2
         })
     ));
 }

@@ -336,15 +336,20 @@ def settle(timeout=10.0):
 
 
 def _shm_holds() -> bool:
-    """Whether this process is still a holder in any lifetime file (read from /dev/shm with
-    the layout the CUDA layer documents: 64-byte header, 256-byte slots, holder pids at
-    slot + 16 + 16 i)."""
+    """Whether this process is still a holder in any lifetime file (read from this user's
+    /dev/shm/tensorbridge-<euid> with the layout the CUDA layer documents: 64-byte header,
+    256-byte slots, holder pids at slot + 16 + 16 i)."""
     me = os.getpid()
-    for name in os.listdir("/dev/shm"):
-        if not name.startswith("tensorbridge-ipc-"):
+    root = f"/dev/shm/tensorbridge-{os.geteuid()}"
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return False
+    for name in names:
+        if not name.startswith("ipc-"):
             continue
         try:
-            data = np.fromfile(os.path.join("/dev/shm", name), dtype=np.uint8)
+            data = np.fromfile(os.path.join(root, name), dtype=np.uint8)
         except OSError:
             continue
         slots = data[64:].reshape(-1, 256)
