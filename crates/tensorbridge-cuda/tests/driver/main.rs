@@ -200,7 +200,25 @@ impl Drop for Peer {
 impl Peer {
     /// Starts the child in `role`, with `env` added, and waits for its `ready`.
     pub(crate) fn spawn(role: &str, env: &[(&str, &str)]) -> Result<Peer> {
-        let mut cmd = Command::new(std::env::current_exe()?);
+        Peer::spawn_wrapped(&[], role, env)
+    }
+
+    /// Like [`Peer::spawn`], with the child started by `wrapper` (a program and its
+    /// arguments, such as `unshare --pid --fork --`) in front of this test binary.
+    pub(crate) fn spawn_wrapped(
+        wrapper: &[&str],
+        role: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Peer> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&exe);
+                cmd
+            }
+            None => Command::new(&exe),
+        };
         cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
             .env("TB_DRIVER_CHILD", role)
             .stdin(Stdio::piped())

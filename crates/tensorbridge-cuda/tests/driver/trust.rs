@@ -9,7 +9,10 @@
 //! - a FIFO planted where lifetime files live hangs no producer;
 //! - a lifetime file shrunk under a live share kills neither side;
 //! - a forked child dropping an inherited share revokes nothing;
-//! - the producer removes its lifetime file once the last share in it is freed.
+//! - the producer removes its lifetime file once the last share in it is freed;
+//! - a producer in another PID namespace (a container sharing `/dev/shm` but not its process
+//!   ids) is alive to this one: its lifetime file survives this namespace's stale-file scan,
+//!   and its share opens here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,6 +136,17 @@ pub(crate) fn child(role: &str, io: &Io) -> Result<()> {
             let t = produce(&c, &counter)?;
             let shared = ipc::export(&t, 0)?;
             io.say("shared", &shared.handle().as_bytes().len());
+        }
+        // A producer that stays until told: its handle out, then a line in.
+        "nsproducer" => {
+            let counter = DropCounter::new();
+            let t = produce(&c, &counter)?;
+            let shared = ipc::export(&t, 1)?;
+            drop(t);
+            io.say("handle", &hex(shared.handle().as_bytes()));
+            io.say("pid", &std::process::id());
+            let _ = io.line()?;
+            drop(shared);
         }
         other => bail!("unknown role trust-{other}"),
     }
@@ -378,6 +392,65 @@ fn the_producer_removes_its_lifetime_file_with_its_last_share() -> Result<()> {
         eventually(|| !path.exists()),
         "{} outlived the last share in it",
         path.display()
+    );
+    Ok(())
+}
+
+/// Whether this process may make PID namespaces (`unshare --pid`: root, util-linux).
+fn pid_namespaces() -> bool {
+    euid() == 0
+        && std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--", "true"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_producer_in_another_pid_namespace_is_alive_here() -> Result<()> {
+    if !pid_namespaces() {
+        println!("skipped: making a PID namespace needs root and unshare(1)");
+        return Ok(());
+    }
+    let _serial = serial();
+    // The producer: the first process of a PID namespace of its own, sharing this machine's
+    // `/dev/shm` (as containers that share it but not their process ids do).
+    let mut producer = Peer::spawn_wrapped(
+        &["unshare", "--pid", "--fork", "--"],
+        "trust-nsproducer",
+        &[],
+    )?;
+    let bytes = crate::unhex(&producer.expect("handle")?);
+    let inner: u32 = producer.expect("pid")?.parse()?;
+    ensure!(
+        u32_at(&bytes, PID) == inner && inner != producer.pid(),
+        "the producer's pid {inner} should be its namespace's, not {}",
+        producer.pid()
+    );
+    let Some(path) = lifetime_file(&bytes) else {
+        bail!("no lifetime file for the namespaced producer's live share");
+    };
+    // A fresh producer here (its first share makes a lifetime file, and scans for files of
+    // producers that are gone): the namespaced producer's pid names no process of its here,
+    // which older versions took for dead.
+    let mut here = Peer::spawn("trust-share", &[])?;
+    here.expect("shared")?;
+    here.finish()?;
+    ensure!(
+        path.exists(),
+        "{} (a live producer's) was removed by another namespace's scan",
+        path.display()
+    );
+    let mut consumer = Peer::spawn("trust-open", &[])?;
+    consumer.send(&hex(&bytes))?;
+    let result = consumer.expect("result")?;
+    consumer.finish()?;
+    producer.send("done")?;
+    producer.finish()?;
+    ensure!(
+        result == format!("opened {N} elements"),
+        "a live producer in another PID namespace was refused: {result}"
     );
     Ok(())
 }
