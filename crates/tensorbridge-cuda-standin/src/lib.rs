@@ -124,8 +124,14 @@ thread_local! {
 /// What an address range of the registry is.
 #[derive(Debug)]
 enum Kind {
-    /// This process's allocation; `shm` names its shared-memory object (`None`: pool memory).
-    Alloc { id: u64, shm: Option<CString> },
+    /// This process's allocation; `shm` names its shared-memory object (`None`: pool memory),
+    /// and `fd` is that object kept open with the allocation's liveness lock on it (-1 for
+    /// pool memory): see [`hold_lock`].
+    Alloc {
+        id: u64,
+        shm: Option<CString>,
+        fd: c_int,
+    },
     /// Another process's allocation, mapped here `refs` times.
     Mapping { pid: u32, id: u64, refs: u32 },
 }
@@ -309,15 +315,33 @@ fn pid() -> u32 {
     std::process::id()
 }
 
-/// Whether process `pid` exists (a zombie counts as gone: it will never free anything).
-fn alive(pid: u32) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name's closing parenthesis.
-    text.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-        .is_some_and(|state| state != 'Z' && state != 'X')
+/// `F_OFD_SETLK` / `F_OFD_GETLK` of `kind` on the object's first byte; for `F_OFD_GETLK`,
+/// true when another open file description holds a conflicting lock.
+fn ofd_lock(fd: c_int, cmd: c_int, kind: c_int) -> bool {
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    // SAFETY: `fd` is open; `fl` is a live local the call reads and (GETLK) fills.
+    let r = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+    r == 0 && (cmd != libc::F_OFD_GETLK || fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// An allocation's liveness, as the real driver has it (the memory lives exactly as long
+/// as its process's context): the allocating process holds a read lock on the object's
+/// first byte for the allocation's life, which the kernel drops when the process dies.
+/// A lock, not a process id: a process of another PID namespace (a container sharing
+/// `/dev/shm`) is alive to this one while its lock is held, whatever its pid names here.
+fn hold_lock(fd: c_int) -> bool {
+    ofd_lock(fd, libc::F_OFD_SETLK, libc::F_RDLCK)
+}
+
+/// Whether the allocation behind the open object `fd` is alive: see [`hold_lock`]. (An
+/// error counts as alive: nothing is removed on a guess.)
+fn object_alive(fd: c_int) -> bool {
+    ofd_lock(fd, libc::F_OFD_GETLK, libc::F_WRLCK)
 }
 
 /// A reservation of `data_len` bytes and a guard page, the data part left for the caller to
@@ -391,22 +415,35 @@ struct Header {
     device: c_int,
 }
 
-/// Removes the shared-memory objects of processes that are gone (killed before they could).
+/// Removes the shared-memory objects of allocations that are gone (their processes were
+/// killed before they could): those whose liveness lock ([`hold_lock`]) nobody holds.
 fn sweep() {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
     };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SHM_PREFIX)) else {
+        if !name.to_str().is_some_and(|n| n.starts_with(SHM_PREFIX)) {
+            continue;
+        }
+        let Ok(c) = CString::new(format!("/{}", name.to_string_lossy())) else {
             continue;
         };
-        let Some(owner) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
+        // SAFETY: a NUL-terminated name; a non-blocking open maps nothing.
+        let fd = unsafe {
+            libc::shm_open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0,
+            )
         };
-        if !alive(owner)
-            && let Ok(c) = CString::new(format!("/{}", name.to_string_lossy()))
-        {
+        if fd < 0 {
+            continue;
+        }
+        let alive = object_alive(fd);
+        // SAFETY: `fd` is open and closed once.
+        unsafe { libc::close(fd) };
+        if !alive {
             // SAFETY: a NUL-terminated name; removing a name maps nothing.
             unsafe { libc::shm_unlink(c.as_ptr()) };
         }
@@ -461,13 +498,16 @@ fn allocate(out: *mut CUdeviceptr, size: usize, shared: bool) -> Result<(), CUre
     };
     let at = reserve(data_len)?;
     let mapped = match &shm {
-        None => map_data(at, data_len, -1, 0),
+        None => map_data(at, data_len, -1, 0).map(|()| -1),
         Some(name) => map_shared(name, at, data_len, size, device),
     };
-    if let Err(e) = mapped {
-        unmap(at, data_len + page());
-        return Err(e);
-    }
+    let fd = match mapped {
+        Ok(fd) => fd,
+        Err(e) => {
+            unmap(at, data_len + page());
+            return Err(e);
+        }
+    };
     let start = (at + lead) as u64;
     st.regions.insert(
         start,
@@ -477,22 +517,22 @@ fn allocate(out: *mut CUdeviceptr, size: usize, shared: bool) -> Result<(), CUre
             buffer_id: id,
             reserve: at,
             reserve_len: data_len + page(),
-            kind: Kind::Alloc { id, shm },
+            kind: Kind::Alloc { id, shm, fd },
         },
     );
     // SAFETY: checked non-null above; the caller's pointer is valid by its contract.
     unsafe { put(out, start) }
 }
 
-/// Creates the shared-memory object `name` (a header page, then `data_len` bytes) and maps
-/// its data at `at`.
+/// Creates the shared-memory object `name` (a header page, then `data_len` bytes), maps its
+/// data at `at`, and returns it open with the allocation's liveness lock ([`hold_lock`]).
 fn map_shared(
     name: &CString,
     at: usize,
     data_len: usize,
     size: u64,
     device: c_int,
-) -> Result<(), CUresult> {
+) -> Result<c_int, CUresult> {
     // SAFETY: a NUL-terminated name; the object is new (O_EXCL) and this user's alone.
     let fd = unsafe {
         libc::shm_open(
@@ -515,19 +555,19 @@ fn map_shared(
     let sized = unsafe { libc::ftruncate(fd, total) } == 0;
     // SAFETY: `fd` is open; the header is plain bytes read from a live local.
     let written = unsafe { libc::pwrite(fd, (&raw const header).cast(), size_of::<Header>(), 0) };
-    let ok = sized && written == size_of::<Header>() as isize;
+    let ok = sized && written == size_of::<Header>() as isize && hold_lock(fd);
     let mapped = if ok {
         map_data(at, data_len, fd, page())
     } else {
         Err(OUT_OF_MEMORY)
     };
-    // SAFETY: `fd` is open and closed once; the mapping keeps the object.
-    unsafe { libc::close(fd) };
     if mapped.is_err() {
+        // SAFETY: `fd` is open and closed once (its lock goes with it).
+        unsafe { libc::close(fd) };
         // SAFETY: a NUL-terminated name of this process's new object.
         unsafe { libc::shm_unlink(name.as_ptr()) };
     }
-    mapped
+    mapped.map(|()| fd)
 }
 
 /// Frees the allocation that starts at `ptr`.
@@ -546,12 +586,17 @@ fn free(ptr: CUdeviceptr) -> Result<(), CUresult> {
     let region = st.regions.remove(&ptr).ok_or(INVALID_VALUE)?;
     unmap(region.reserve, region.reserve_len);
     if let Kind::Alloc {
-        shm: Some(name), ..
+        shm: Some(name),
+        fd,
+        ..
     } = &region.kind
     {
         // SAFETY: a NUL-terminated name of this process's object. Mappings in other
         // processes keep the memory; no new one can be made.
         unsafe { libc::shm_unlink(name.as_ptr()) };
+        // SAFETY: the object's descriptor, kept since the allocation and closed once here
+        // (its liveness lock goes with it).
+        unsafe { libc::close(*fd) };
     }
     Ok(())
 }
@@ -1004,7 +1049,7 @@ entry! {
     fn cuIpcGetMemHandle(handle: *mut [u8; 64], ptr: CUdeviceptr) {
         current_device()?;
         let st = state();
-        let Some(Region { device, kind: Kind::Alloc { id, shm: Some(_) }, .. }) = st.regions.get(&ptr) else {
+        let Some(Region { device, kind: Kind::Alloc { id, shm: Some(_), .. }, .. }) = st.regions.get(&ptr) else {
             return Err(INVALID_VALUE);
         };
         let mut h = [0u8; 64];
@@ -1038,9 +1083,6 @@ entry! {
                 // SAFETY: checked non-null above; the caller's contract.
                 return unsafe { put(ptr, start) };
             }
-        }
-        if !alive(producer) {
-            return Err(INVALID_VALUE);
         }
         let (start, region) = open_shared(producer, id)?;
         st.regions.insert(start, region);
@@ -1348,6 +1390,11 @@ fn open_shared(producer: u32, id: u64) -> Result<(u64, Region), CUresult> {
         return Err(INVALID_VALUE);
     }
     let result = (|| {
+        // The producer's allocation is gone once its liveness lock is (its process died
+        // before it could remove the name): the driver refuses such a handle.
+        if !object_alive(fd) {
+            return Err(INVALID_VALUE);
+        }
         let mut header = Header {
             magic: [0; 8],
             size: 0,

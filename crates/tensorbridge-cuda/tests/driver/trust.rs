@@ -12,12 +12,12 @@
 //! - the producer removes its lifetime file once the last share in it is freed;
 //! - a producer in another PID namespace (a container sharing `/dev/shm` but not its process
 //!   ids) is alive to this one: its lifetime file survives this namespace's stale-file scan,
-//!   and its share opens here.
+//!   and a consumer of its own namespace still opens its share.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use cudarc::driver::CudaStream;
 use tensorbridge::{Owner, Ready};
 use tensorbridge_cuda::ipc::{self, IpcHandle};
@@ -137,15 +137,29 @@ pub(crate) fn child(role: &str, io: &Io) -> Result<()> {
             let shared = ipc::export(&t, 0)?;
             io.say("shared", &shared.handle().as_bytes().len());
         }
-        // A producer that stays until told: its handle out, then a line in.
+        // A producer that stays until told `done`; on `consume`, a consumer of its own
+        // namespace (a child it starts) opens the share.
         "nsproducer" => {
             let counter = DropCounter::new();
             let t = produce(&c, &counter)?;
             let shared = ipc::export(&t, 1)?;
             drop(t);
-            io.say("handle", &hex(shared.handle().as_bytes()));
+            let bytes = hex(shared.handle().as_bytes());
+            io.say("handle", &bytes);
             io.say("pid", &std::process::id());
-            let _ = io.line()?;
+            loop {
+                match io.line()?.as_str() {
+                    "consume" => {
+                        let mut consumer = crate::Peer::spawn("trust-open", &[])?;
+                        consumer.send(&bytes)?;
+                        let result = consumer.expect("result")?;
+                        consumer.finish()?;
+                        io.say("consumed", &result);
+                    }
+                    "done" | "" => break,
+                    other => bail!("unknown command {other:?}"),
+                }
+            }
             drop(shared);
         }
         other => bail!("unknown role trust-{other}"),
@@ -414,19 +428,38 @@ fn a_producer_in_another_pid_namespace_is_alive_here() -> Result<()> {
         return Ok(());
     }
     let _serial = serial();
-    // The producer: the first process of a PID namespace of its own, sharing this machine's
-    // `/dev/shm` (as containers that share it but not their process ids do).
-    let mut producer = Peer::spawn_wrapped(
-        &["unshare", "--pid", "--fork", "--"],
-        "trust-nsproducer",
-        &[],
-    )?;
+    // The producer: a process of a PID namespace of its own, sharing this machine's
+    // `/dev/shm` (as containers that share it but not their process ids do), under a pid that
+    // names no process here (low pids always do: init and the kernel's threads).
+    let inner = (20_000..32_000)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .context("every pid from 20000 to 32000 is in use here")?;
+    let set_pid = format!(
+        "echo {} > /proc/sys/kernel/ns_last_pid && \"$@\"; exit $?",
+        inner - 1
+    );
+    let wrapper = [
+        "unshare",
+        "--pid",
+        "--fork",
+        // The namespace's first process goes with unshare (a failed test kills unshare).
+        "--kill-child",
+        "--mount-proc",
+        "sh",
+        "-c",
+        set_pid.as_str(),
+        "sh",
+    ];
+    let mut producer = Peer::spawn_wrapped(&wrapper, "trust-nsproducer", &[])?;
     let bytes = crate::unhex(&producer.expect("handle")?);
-    let inner: u32 = producer.expect("pid")?.parse()?;
+    let said: u32 = producer.expect("pid")?.parse()?;
     ensure!(
-        u32_at(&bytes, PID) == inner && inner != producer.pid(),
-        "the producer's pid {inner} should be its namespace's, not {}",
-        producer.pid()
+        u32_at(&bytes, PID) == inner && said == inner,
+        "the producer's pid should be {inner} in its namespace, it said {said}"
+    );
+    ensure!(
+        !std::path::Path::new(&format!("/proc/{inner}")).exists(),
+        "pid {inner} came into use here meanwhile: the test proves nothing"
     );
     let Some(path) = lifetime_file(&bytes) else {
         bail!("no lifetime file for the namespaced producer's live share");
@@ -434,7 +467,7 @@ fn a_producer_in_another_pid_namespace_is_alive_here() -> Result<()> {
     // A fresh producer here (its first share makes a lifetime file, and scans for files of
     // producers that are gone): the namespaced producer's pid names no process of its here,
     // which older versions took for dead.
-    let mut here = Peer::spawn("trust-share", &[])?;
+    let here = Peer::spawn("trust-share", &[])?;
     here.expect("shared")?;
     here.finish()?;
     ensure!(
@@ -442,15 +475,14 @@ fn a_producer_in_another_pid_namespace_is_alive_here() -> Result<()> {
         "{} (a live producer's) was removed by another namespace's scan",
         path.display()
     );
-    let mut consumer = Peer::spawn("trust-open", &[])?;
-    consumer.send(&hex(&bytes))?;
-    let result = consumer.expect("result")?;
-    consumer.finish()?;
-    producer.send("done")?;
-    producer.finish()?;
+    // Its own namespace's consumer (a container's processes share one) still opens it.
+    producer.send("consume")?;
+    let result = producer.expect("consumed")?;
     ensure!(
         result == format!("opened {N} elements"),
-        "a live producer in another PID namespace was refused: {result}"
+        "the share of a producer in another PID namespace was lost: {result}"
     );
+    producer.send("done")?;
+    producer.finish()?;
     Ok(())
 }
