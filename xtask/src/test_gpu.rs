@@ -170,14 +170,16 @@ fn test_gpu(
                 )?;
             }
             let smoke = python.tests.join("test_native_smoke.py");
-            // The sharing tests CI runs on the stand-in driver, here on the real one.
+            // The sharing tests CI runs on the stand-in driver, here on the real one, in a
+            // process of their own as in CI: a process reports a dead consumer on stderr
+            // once, and the GPU suite's killed-consumer test reads that report.
             let driver: Vec<PathBuf> = ci::DRIVER_TESTS
                 .iter()
                 .map(|t| python.tests.join(t))
                 .collect();
+            let driver: Vec<&Path> = driver.iter().map(PathBuf::as_path).collect();
             let gpu = python.tests.join("gpu");
             let mut paths = vec![smoke.as_path()];
-            paths.extend(driver.iter().map(PathBuf::as_path));
             if gpu.is_dir() {
                 paths.push(gpu.as_path());
             }
@@ -185,6 +187,10 @@ fn test_gpu(
                 "python: pytest (GPU suite)",
                 ci::pytest_cmd(&venv, &site, &python.tests, &paths)
                     .env(CANDLE_ENV, if candle_cuda { "1" } else { "0" }),
+            );
+            let driver_suite = steps.cmd(
+                "python: pytest (the sharing tests on the real driver)",
+                &mut ci::pytest_cmd(&venv, &site, &python.tests, &driver),
             );
             let mut failed = Vec::new();
             for bin in &binaries {
@@ -196,6 +202,9 @@ fn test_gpu(
             }
             if gpu_suite.is_err() {
                 failed.push("the Python GPU suite");
+            }
+            if driver_suite.is_err() {
+                failed.push("the Python sharing tests on the real driver");
             }
             if !failed.is_empty() {
                 bail!("GPU tests failed: {}", failed.join(", "));
