@@ -84,6 +84,9 @@ class Driver:
             self.lib.cuMemcpyHtoD_v2(ctypes.c_uint64(ptr), ctypes.c_void_p(a.ctypes.data), ctypes.c_size_t(a.nbytes)),
             "cuMemcpyHtoD_v2",
         )
+        # A copy from pageable memory returns once the bytes are staged, before they land in
+        # device memory: another process reading now could read the old values.
+        self.check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def read(self, ptr: int, n: int) -> np.ndarray:
         out = np.empty(n, dtype=np.float32)
