@@ -264,7 +264,8 @@ impl Peer {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self.lines.recv_timeout(left).with_context(|| {
                 format!(
-                    "the child printed no `IPC {key}` line; its other output: {:?}",
+                    "the child printed no `IPC {key}` line (its state: {}); its other output: {:?}",
+                    self.state(),
                     self.other.borrow()
                 )
             })?;
@@ -279,6 +280,38 @@ impl Peer {
             }
             self.other.borrow_mut().push(line);
         }
+    }
+
+    /// How the child stands once its output has closed: how it ended (a signal's number
+    /// included), or still running.
+    fn state(&self) -> String {
+        let pid = self.child.id() as libc::id_t;
+        for _ in 0..100 {
+            // SAFETY: a zeroed `siginfo_t` is a valid value of the plain C struct.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `pid` is our child and `info` a live local the call fills; WNOWAIT
+            // leaves the child to be reaped by `Child::wait`.
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            // SAFETY: `info` was filled by `waitid` (its pid stays 0 while the child runs).
+            if r == 0 && unsafe { info.si_pid() } != 0 {
+                // SAFETY: as above.
+                let status = unsafe { info.si_status() };
+                return if info.si_code == libc::CLD_EXITED {
+                    format!("exited with {status}")
+                } else {
+                    format!("ended by signal {status}")
+                };
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        "still running".to_owned()
     }
 
     /// Closes the child's stdin and waits for it to exit.
