@@ -98,6 +98,40 @@ class Driver:
         return out
 
 
+def driver_or_skip():
+    """The loaded CUDA driver (the real one or the stand-in), or a pytest skip saying why
+    there is none (a failure when ``TB_REQUIRE_DRIVER=1``, as CI's stand-in step sets)."""
+    import pytest
+
+    lib, why = load_libcuda()
+    reason = None
+    if lib is None:
+        reason = f"no libcuda loads ({why})"
+    else:
+        try:
+            return Driver(lib)
+        except Exception as e:  # noqa: BLE001 - a driver without a device, say
+            reason = f"the CUDA driver does not initialise: {e}"
+    if os.environ.get("TB_REQUIRE_DRIVER") == "1":
+        pytest.fail(f"TB_REQUIRE_DRIVER=1, but {reason}")
+    pytest.skip(f"{reason}: these tests need a CUDA driver, the real one or the stand-in (`cargo xtask test-standin`)")
+
+
+def workers_of(cls):
+    """A fixture's body: hands the test a function that starts a worker of ``cls``, and
+    closes every worker it started once the test is over."""
+    workers = []
+
+    def start():
+        w = cls()
+        workers.append(w)
+        return w
+
+    yield start
+    for w in workers:
+        w.close()
+
+
 class Allocation:
     """``n`` float32 of device memory holding ``0, 1, 2, ...``, as a ``from_ptr`` view whose
     ``release`` frees it and counts its calls."""

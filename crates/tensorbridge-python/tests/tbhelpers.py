@@ -568,3 +568,18 @@ def needs_numpy_dlpack_1(test):
 # export and ask for legacy capsules only (no flags: a view of a JAX array was writable, a
 # read-only view was refused to JAX).
 JAX_DLPACK_VERSIONED = at_least("jax", (0, 12))
+
+
+def eventually(cond, timeout=20.0):
+    """Whether ``cond()`` holds within ``timeout`` seconds (collecting garbage between
+    tries, so that released views let go of what they pin)."""
+    import gc
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        gc.collect()
+        time.sleep(0.01)
+    return cond()

@@ -20,49 +20,20 @@ import time
 import numpy as np
 import pytest
 
-from share_driver_worker import Allocation, Driver, Worker, WorkerError, load_libcuda
+from share_driver_worker import Allocation, Worker, WorkerError, driver_or_skip, workers_of
+from tbhelpers import eventually
 
 N = 4096
 
 
 @pytest.fixture(scope="module")
 def drv():
-    lib, why = load_libcuda()
-    reason = None
-    if lib is None:
-        reason = f"no libcuda loads ({why})"
-    else:
-        try:
-            return Driver(lib)
-        except Exception as e:  # noqa: BLE001 - a driver without a device, say
-            reason = f"the CUDA driver does not initialise: {e}"
-    if os.environ.get("TB_REQUIRE_DRIVER") == "1":
-        pytest.fail(f"TB_REQUIRE_DRIVER=1, but {reason}")
-    pytest.skip(f"{reason}: these tests need a CUDA driver, the real one or the stand-in (`cargo xtask test-standin`)")
+    return driver_or_skip()
 
 
 @pytest.fixture
 def worker():
-    workers = []
-
-    def start():
-        w = Worker()
-        workers.append(w)
-        return w
-
-    yield start
-    for w in workers:
-        w.close()
-
-
-def eventually(cond, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        gc.collect()
-        time.sleep(0.01)
-    return cond()
+    yield from workers_of(Worker)
 
 
 def fnv1a(data: bytes) -> int:

@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 # The driver worker comes with the stand-in's Python tests (``test_share_driver.py``).
 _worker = pytest.importorskip("share_driver_worker", reason="needs share_driver_worker.py, the driver tests' worker")
-Allocation, Driver, WorkerError, load_libcuda = _worker.Allocation, _worker.Driver, _worker.WorkerError, _worker.load_libcuda
+Allocation, WorkerError = _worker.Allocation, _worker.WorkerError
+driver_or_skip, workers_of = _worker.driver_or_skip, _worker.workers_of
+from tbhelpers import eventually  # noqa: E402 - after the check above
 from share_trust_worker import TrustWorker  # noqa: E402 - after the check above
 
 N = 4096
@@ -37,42 +39,12 @@ settings.register_profile("trust", max_examples=30, deadline=None, suppress_heal
 
 @pytest.fixture(scope="module")
 def drv():
-    lib, why = load_libcuda()
-    reason = None
-    if lib is None:
-        reason = f"no libcuda loads ({why})"
-    else:
-        try:
-            return Driver(lib)
-        except Exception as e:  # noqa: BLE001 - a driver without a device, say
-            reason = f"the CUDA driver does not initialise: {e}"
-    if os.environ.get("TB_REQUIRE_DRIVER") == "1":
-        pytest.fail(f"TB_REQUIRE_DRIVER=1, but {reason}")
-    pytest.skip(f"{reason}: these tests need a CUDA driver, the real one or the stand-in")
+    return driver_or_skip()
 
 
 @pytest.fixture
 def worker():
-    workers = []
-
-    def start():
-        w = TrustWorker()
-        workers.append(w)
-        return w
-
-    yield start
-    for w in workers:
-        w.close()
-
-
-def eventually(cond, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        gc.collect()
-        time.sleep(0.01)
-    return cond()
+    yield from workers_of(TrustWorker)
 
 
 def altered(data: bytes, at: int, new: bytes) -> bytes:
