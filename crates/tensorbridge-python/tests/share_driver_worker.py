@@ -207,6 +207,23 @@ class WorkerError(Exception):
         self.message = message
 
 
+def answer(ops) -> None:
+    """Answers the test's JSON commands, one a line on stdin, until ``exit`` (or the end):
+    ``{"op": name, ...}`` runs ``ops[name](...)``; the reply line is ``{"ok": result}`` or
+    ``{"error": type, "message": text}``."""
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        if op == "exit":
+            break
+        try:
+            reply = {"ok": ops[op](**cmd)}
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the test
+            reply = {"error": type(e).__name__, "message": str(e)}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
 def serve():
     import tensorbridge as tb
 
@@ -276,17 +293,7 @@ def serve():
         span=span,
         open=open_, read=read, write=write, drop=drop, share=share, become=become, ready=lambda: why or drv.name
     )
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        if op == "exit":
-            break
-        try:
-            reply = {"ok": ops[op](**cmd)}
-        except Exception as e:  # noqa: BLE001 - every failure goes back to the test
-            reply = {"error": type(e).__name__, "message": str(e)}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    answer(ops)
     # What this process still holds goes back before it exits (its device work is done).
     state.clear()
     gc.collect()

@@ -8,13 +8,12 @@ Run as a script it serves one JSON command a line, as ``share_driver_worker`` do
 from __future__ import annotations
 
 import gc
-import json
 import os
 import subprocess
 import sys
 import time
 
-from share_driver_worker import Allocation, Driver, Worker, load_libcuda
+from share_driver_worker import Allocation, Driver, Worker, answer, load_libcuda
 
 
 class TrustWorker(Worker):
@@ -83,17 +82,7 @@ def serve():
         return bytes(state["handle"]).hex()
 
     ops = dict(open_keep=open_keep, drop_last=drop_last, drop=drop, read=read, share=share, ready=lambda: why or drv.name)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        if op == "exit":
-            break
-        try:
-            reply = {"ok": ops[op](**cmd)}
-        except Exception as e:  # noqa: BLE001 - every failure goes back to the test
-            reply = {"error": type(e).__name__, "message": str(e)}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    answer(ops)
     views.clear()
     state.clear()
     gc.collect()
