@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use tensorbridge::{DeviceType, Tensor};
 
@@ -35,9 +36,20 @@ struct Entry {
     closed: bool,
 }
 
+/// How long a lifetime file whose last share was freed stays for the next share before its
+/// producer removes it. Making a file is a dozen system calls and a scan of the directory for
+/// stale files, which a process sharing one tensor at a time would otherwise pay on every
+/// share (most of a share's cost); a file kept idle costs one descriptor and 64 KiB of
+/// `/dev/shm`. A producer that exits within this time leaves the file to the next producer's
+/// scan (its liveness lock went with the process).
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
+
 struct Producer {
-    /// This process's lifetime files; `None` once removed (its last share freed).
+    /// This process's lifetime files; `None` once removed (its last share freed and
+    /// [`LINGER`] passed).
     files: Vec<Option<Arc<SlotFile>>>,
+    /// Since when each file (by index) has had no share, for those that have none.
+    idle: HashMap<usize, Instant>,
     free: Vec<Key>,
     next_generation: u64,
     live: HashMap<Key, Entry>,
@@ -46,6 +58,7 @@ struct Producer {
 static PRODUCER: LazyLock<Mutex<Producer>> = LazyLock::new(|| {
     Mutex::new(Producer {
         files: Vec::new(),
+        idle: HashMap::new(),
         free: Vec::new(),
         next_generation: 1,
         live: HashMap::new(),
@@ -82,7 +95,10 @@ impl Producer {
             }
         }
         let key = match self.free.pop() {
-            Some(key) => key,
+            Some(key) => {
+                self.idle.remove(&key.file);
+                key
+            }
             None => {
                 let made = Some(Arc::new(SlotFile::create()?));
                 let file = match self.files.iter().position(Option::is_none) {
@@ -119,6 +135,26 @@ impl Producer {
             file.remove();
             self.free.retain(|k| k.file != i);
         }
+        self.idle.remove(&i);
+    }
+
+    /// Marks the files without a share idle (from `now`), and removes those idle for
+    /// [`LINGER`]; how many stay, idle.
+    fn retire_idle_files(&mut self, now: Instant) -> usize {
+        let mut lingering = 0;
+        for i in 0..self.files.len() {
+            if self.files[i].is_none() || self.live.keys().any(|k| k.file == i) {
+                self.idle.remove(&i);
+                continue;
+            }
+            let since = *self.idle.entry(i).or_insert(now);
+            if now.duration_since(since) >= LINGER {
+                self.retire_file_if_unused(i);
+            } else {
+                lingering += 1;
+            }
+        }
+        lingering
     }
 }
 
@@ -366,11 +402,12 @@ pub(crate) fn unlocal(slot: &SlotRef) {
 }
 
 /// Frees the shares in limbo that no consumer holds any more (dead consumers' holds are taken
-/// back and reported); returns how many still wait.
-pub(crate) fn collect() -> usize {
+/// back and reported), and removes the lifetime files idle for [`LINGER`]; returns how many
+/// shares still wait and how many files linger.
+pub(crate) fn collect() -> Collected {
     let mut freed = Vec::new();
     let mut dead = Vec::new();
-    let waiting = {
+    let (waiting, lingering) = {
         let mut p = producer();
         let closed: Vec<Key> = p
             .live
@@ -387,17 +424,23 @@ pub(crate) fn collect() -> usize {
             if released {
                 freed.extend(p.live.remove(&key));
                 p.free.push(key);
-                p.retire_file_if_unused(key.file);
             } else {
                 waiting += 1;
             }
         }
-        waiting
+        (waiting, p.retire_idle_files(Instant::now()))
     };
     for pid in dead {
         report(Report::ConsumerDied { pid });
     }
     // Owners drop outside the lock: a Python owner takes the GIL, a cudarc one frees memory.
     drop(freed);
-    waiting
+    Collected { waiting, lingering }
+}
+
+/// What [`collect`] left: shares waiting for consumers, and idle lifetime files waiting for
+/// [`LINGER`] to pass.
+pub(crate) struct Collected {
+    pub(crate) waiting: usize,
+    pub(crate) lingering: usize,
 }

@@ -58,7 +58,8 @@
 //! - The producer frees the share, holding the slot's lock, once the word says neither
 //!   `OPEN` nor tickets (or cannot be read: a shrunk file) and no holder entry's liveness
 //!   byte is locked. Entries with a pid and no lock are dead holders: cleared and reported.
-//! - The producer removes its file when the last share in it is freed; a producer that died
+//! - The producer removes its file a second after the last share in it is freed (kept that
+//!   long for its next share); a producer that died
 //!   without doing so leaves a file whose liveness byte nobody locks, which the next producer
 //!   of the same user removes.
 

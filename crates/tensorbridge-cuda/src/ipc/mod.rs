@@ -73,7 +73,8 @@
 //! 5. Only the process that made a [`Shared`], a hold or a lease releases it: in a forked
 //!    child, dropping inherited ones is a no-op (no lock the parent's threads may have held at
 //!    the fork is taken), and the process identity is read again.
-//! 6. The producer removes its lifetime file when the last share in it is freed; a file left
+//! 6. The producer removes its lifetime file a second after the last share in it is freed
+//!    (its reaper waits that long: a process sharing one tensor at a time keeps one file); a file left
 //!    by a producer that died (its lock free) is removed by the next producer of that user.
 //!
 //! # What a handle grants
@@ -207,7 +208,7 @@ pub fn reports() -> Vec<Report> {
 /// A reaper thread moves the shares in limbo while any waits; call it to move sooner.
 pub fn collect() -> usize {
     crate::reclaim();
-    export::collect() + import::retiring()
+    export::collect().waiting + import::retiring()
 }
 
 /// What the reaper thread moves, and how many shares still wait for it: [`collect`] without
@@ -216,10 +217,12 @@ pub fn collect() -> usize {
 /// are (a retirement whose owner is kept for ever because nothing proves the device is done
 /// with it): polling cannot move them, so they must not keep this thread alive. What it
 /// polls are the shares in limbo, whose holders are other processes, which nothing here can
-/// wait on.
+/// wait on, and the lifetime files idle until their linger passes (so that the producer
+/// removes its own file, `export::LINGER` after its last share was freed).
 fn reap() -> usize {
     crate::reclaim();
-    export::collect()
+    let c = export::collect();
+    c.waiting + c.lingering
 }
 
 /// Whether the reaper thread runs (set before it starts, cleared as it exits).

@@ -410,6 +410,38 @@ fn the_producer_removes_its_lifetime_file_with_its_last_share() -> Result<()> {
     Ok(())
 }
 
+/// The design choice the share's cost rests on: a file whose last share was freed stays a
+/// moment for the next share (making one is a dozen system calls and a directory scan).
+#[test]
+fn the_next_share_reuses_the_idle_lifetime_file() -> Result<()> {
+    let _serial = serial();
+    let ctx = context(0)?;
+    let a = ctx.new_stream()?;
+    let counter = DropCounter::new();
+    let t = produce(&a, &counter)?;
+    let first = ipc::export(&t, 0)?;
+    let Some(path) = lifetime_file(first.handle().as_bytes()) else {
+        bail!("no lifetime file for a live share");
+    };
+    drop(first);
+    ipc::collect();
+    let second = ipc::export(&t, 0)?;
+    assert_eq!(
+        lifetime_file(second.handle().as_bytes()),
+        Some(path.clone()),
+        "the second share made a new lifetime file instead of reusing the idle one"
+    );
+    drop(second);
+    drop(t);
+    ensure!(eventually(|| counter.drops() == 1), "never released");
+    ensure!(
+        eventually(|| !path.exists()),
+        "{} outlived its linger after the last share in it",
+        path.display()
+    );
+    Ok(())
+}
+
 /// Whether this process may make PID namespaces (`unshare --pid`: root, util-linux).
 fn pid_namespaces() -> bool {
     euid() == 0
