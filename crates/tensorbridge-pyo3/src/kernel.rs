@@ -331,7 +331,7 @@ fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
         life,
     };
     let kept = || StreamLife::KeptBy(KeepAlive::owner(stream.clone().unbind(), None));
-    if let Some(id) = crate::import::attribute(stream, pyo3::intern!(py, "stream_id"))? {
+    if let Some(id) = crate::floor::attribute(stream, pyo3::intern!(py, "stream_id"))? {
         // A `torch.cuda.Stream`: its id is 0 for the default stream, odd for pool streams,
         // the (even) handle itself for an external stream.
         let id: i64 = id.extract()?;
@@ -346,11 +346,11 @@ fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
         return Ok(found(handle, life));
     }
     // The CUDA stream protocol: `__cuda_stream__()` -> (version, handle).
-    if let Some(method) = crate::import::attribute(stream, pyo3::intern!(py, "__cuda_stream__"))? {
+    if let Some(method) = crate::floor::attribute(stream, pyo3::intern!(py, "__cuda_stream__"))? {
         let (_, handle): (i64, usize) = method.call0()?.extract()?;
         return Ok(found(handle, kept()));
     }
-    if let Some(handle) = crate::import::attribute(stream, pyo3::intern!(py, "ptr"))? {
+    if let Some(handle) = crate::floor::attribute(stream, pyo3::intern!(py, "ptr"))? {
         let handle: usize = handle.extract()?;
         return Ok(found(handle, kept()));
     }

@@ -159,11 +159,22 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The modules, bottom-up: each uses only those on lines above its own in this list (names on
+// one line stand side by side and use neither each other). `tests/it/layers.rs` reads this
+// list and checks it against every `crate::` path.
+// - error: the crate's error type and its Python exceptions
+// - ffi: the C API pyo3 does not wrap, the GIL-attach and exit gates, C entry points
+// - convert: Python values (dtypes, devices) to the core's
+// - owner: Python objects and buffers as a tensor's owner
+// - floor: what both wings stand on: readiness, capsule names, `View`
+// - import, export: the two wings (Python -> the core, the core -> Python), side by side
+// - lib: the root's own items (`TensorArg`, `import`, `export`)
+// - kernel, python, share: the entries (your kernel, the Python module's functions, IPC)
 mod convert;
-mod copy;
 mod error;
 mod export;
 mod ffi;
+mod floor;
 mod import;
 mod kernel;
 mod owner;
@@ -176,7 +187,7 @@ use pyo3::prelude::*;
 use tensorbridge::{Descriptor, Ready, Tensor, TensorRef};
 
 pub use error::{Error, Result};
-pub use export::view::View;
+pub use floor::view::View;
 pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 
 /// Imports any Python tensor or array zero-copy, in the order of the crate docs, as an owned
@@ -193,7 +204,7 @@ pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 /// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
 /// streams they name live as long as the framework requires of its users).
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-    Ok(import::import_tensor(obj, import::Consumer::NONE)?)
+    Ok(import::import_tensor(obj, floor::ready::Consumer::NONE)?)
 }
 
 /// [`import`] for a caller who will use the data on `stream` (DLPack's integer conventions:
@@ -218,7 +229,7 @@ pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyRe
     };
     // SAFETY: obligation 1 is `Consumer::assume`'s (0 became 1, the always-live legacy
     // stream).
-    let consumer = unsafe { import::Consumer::assume(stream) }?;
+    let consumer = unsafe { floor::ready::Consumer::assume(stream) }?;
     Ok(import::import_tensor(obj, consumer)?)
 }
 
@@ -260,7 +271,7 @@ pub struct TensorArg<'a, 'py> {
 impl<'a, 'py> TensorArg<'a, 'py> {
     /// Imports `obj` for as long as it is borrowed ([`TensorArg`]).
     pub fn new(obj: Borrowed<'a, 'py, PyAny>) -> Result<TensorArg<'a, 'py>> {
-        let imported = import::import(&obj, import::Consumer::NONE)?;
+        let imported = import::import(&obj, floor::ready::Consumer::NONE)?;
         Ok(TensorArg { obj, imported })
     }
 
@@ -294,8 +305,8 @@ impl<'a, 'py> TensorArg<'a, 'py> {
     /// events) so it may cross threads.
     pub fn to_tensor(&self) -> Result<Tensor> {
         let mut ready = self.imported.ready.clone();
-        if import::needs_settling(&ready, self.imported.desc.device().kind) {
-            ready = import::settled(&self.imported.desc, &ready)?;
+        if floor::ready::needs_settling(&ready, self.imported.desc.device().kind) {
+            ready = floor::ready::settled(&self.imported.desc, &ready)?;
         }
         let owner = self.imported.owner(&self.obj);
         // SAFETY: from_descriptor: the owner holds the pin (`Imported::owner`), which keeps

@@ -10,7 +10,7 @@ use crate::convert::{
     current_cuda_ordinal, device_from_py, dtype_from_py, stream_from_py, type_name,
 };
 use crate::error::{Error, Result};
-use crate::export::view::View;
+use crate::floor::view::View;
 use crate::owner::Release;
 
 /// asview(obj, *, stream=None)
@@ -50,7 +50,7 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
     // SAFETY: the Python caller vouches for its stream (the DLPack protocol's contract for
     // `stream`, documented above): live on the data's device for the call. The view never
     // names it (`Consumer`).
-    let consumer = unsafe { crate::import::Consumer::assume(stream) }?;
+    let consumer = unsafe { crate::floor::ready::Consumer::assume(stream) }?;
     Ok(View::new(crate::import::import_tensor(obj, consumer)?))
 }
 
@@ -162,10 +162,10 @@ fn from_ptr_impl(
     // only after everything that can fail.
     let ready = match ready {
         Ready::Stream(Stream::Handle(_)) | Ready::Stream(Stream::PerThreadDefault) => {
-            crate::import::settled(&desc, &ready)?
+            crate::floor::ready::settled(&desc, &ready)?
         }
-        ready if crate::import::needs_settling(&ready, desc.device().kind) => {
-            crate::import::settled(&desc, &ready)?
+        ready if crate::floor::ready::needs_settling(&ready, desc.device().kind) => {
+            crate::floor::ready::settled(&desc, &ready)?
         }
         ready => ready,
     };

@@ -10,6 +10,7 @@
 mod capsules;
 mod import;
 mod kernel;
+mod layers;
 mod python_api;
 mod release;
 
