@@ -166,7 +166,7 @@
 // - ffi: the C API pyo3 does not wrap, the GIL-attach and exit gates, C entry points
 // - convert: Python values (dtypes, devices) to the core's
 // - owner: Python objects and buffers as a tensor's owner
-// - floor: what both wings stand on: readiness, capsule names, `View`
+// - floor: what both wings stand on: readiness, capsule names, stream arguments, `View`
 // - import, export: the two wings (Python -> the core, the core -> Python), side by side
 // - lib: the root's own items (`TensorArg`, `import`, `export`)
 // - kernel, python, share: the entries (your kernel, the Python module's functions, IPC)
@@ -317,10 +317,48 @@ impl<'a, 'py> TensorArg<'a, 'py> {
         Ok(unsafe { tensor.with_ready(ready) })
     }
 
-    /// The framework stream the import found for this argument (PyTorch's current stream),
-    /// for `kernel_call`'s choice of stream.
-    pub(crate) fn imported(&self) -> &import::Imported {
-        &self.imported
+    /// An owner that pins this argument's memory (and holds the object), for what must be
+    /// kept past the call.
+    pub(crate) fn owner(&self) -> tensorbridge::Owner {
+        self.imported.owner(&self.obj)
+    }
+
+    /// The current stream of this argument's framework on device `ordinal`, when it has one:
+    /// PyTorch's (read when the argument was imported), CuPy's (asked now).
+    pub(crate) fn framework_stream(
+        &self,
+        ordinal: u32,
+    ) -> Result<Option<floor::stream::FrameworkStream>> {
+        use floor::stream::{Framework, FrameworkStream};
+        use tensorbridge_cuda::StreamLife;
+        if let Some(current) = self.imported.current {
+            return Ok(Some(FrameworkStream {
+                framework: Framework::Torch,
+                stream: current.stream,
+                life: if current.immortal {
+                    StreamLife::Immortal
+                } else {
+                    StreamLife::CallOnly
+                },
+            }));
+        }
+        let obj = self.object();
+        let py = obj.py();
+        if import::route::facts(obj)?.cupy {
+            let device_id = i32::try_from(ordinal).unwrap_or(0);
+            let current = py
+                .import(pyo3::intern!(py, "cupy.cuda"))?
+                .getattr(pyo3::intern!(py, "get_current_stream"))?
+                .call1((device_id,))?;
+            let ptr: usize = current.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
+            let stream = tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(ptr));
+            return Ok(Some(FrameworkStream {
+                framework: Framework::CuPy,
+                stream,
+                life: StreamLife::KeptBy(owner::KeepAlive::owner(current.unbind(), None)),
+            }));
+        }
+        Ok(None)
     }
 }
 

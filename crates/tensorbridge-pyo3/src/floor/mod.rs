@@ -1,10 +1,12 @@
 //! The floor both wings stand on: what the import (Python -> the core) and the export (the
 //! core -> Python) share, so neither uses the other. Readiness and a consumer's stream
-//! ([`ready`]), the DLPack capsule names ([`capsule`]), the `View` object ([`view`]; its
-//! Python methods are the export's) and reading a Python object's optional attributes.
+//! ([`ready`]), the DLPack capsule names ([`capsule`]), the one reader of a Python `stream=`
+//! argument ([`stream`]), the `View` object ([`view`]; its Python methods are the export's)
+//! and reading a Python object's optional attributes.
 
 pub(crate) mod capsule;
 pub(crate) mod ready;
+pub(crate) mod stream;
 pub(crate) mod view;
 
 use pyo3::exceptions::PyAttributeError;

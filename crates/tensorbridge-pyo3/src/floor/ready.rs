@@ -35,6 +35,15 @@ impl Consumer {
         })
     }
 
+    /// The consumer stream a caller's `stream=` argument names
+    /// ([`StreamArg`](crate::floor::stream::StreamArg)).
+    ///
+    /// # Safety
+    /// As [`Consumer::assume`].
+    pub(crate) unsafe fn assume_arg(arg: &crate::floor::stream::StreamArg) -> Consumer {
+        Consumer(arg.request())
+    }
+
     /// The request, if the caller gave a stream.
     pub(crate) fn request(self) -> Option<StreamRequest> {
         self.0

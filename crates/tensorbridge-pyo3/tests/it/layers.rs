@@ -210,3 +210,25 @@ fn the_wings_do_not_use_each_other() {
         crossing.join("\n")
     );
 }
+
+/// Kernel calls find streams through the floor (the one reader of a `stream=` argument) and
+/// through `TensorArg` (an argument's framework stream): never in the import's internals.
+#[test]
+fn kernel_calls_do_not_reach_into_the_import() {
+    let uses = uses();
+    assert!(
+        uses.iter()
+            .any(|(rel, _, used)| rel == "kernel.rs" && used == "floor"),
+        "expected kernel.rs to read streams through the floor"
+    );
+    let reaching: Vec<&String> = uses
+        .iter()
+        .filter(|(rel, _, used)| rel == "kernel.rs" && used == "import")
+        .map(|(rel, _, _)| rel)
+        .collect();
+    assert!(
+        reaching.is_empty(),
+        "expected kernel.rs to use no crate::import path, found {} in {reaching:?}",
+        reaching.len()
+    );
+}

@@ -13,6 +13,7 @@ mod kernel;
 mod layers;
 mod python_api;
 mod release;
+mod streams;
 
 use pyo3::prelude::*;
 
