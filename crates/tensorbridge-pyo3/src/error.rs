@@ -161,6 +161,17 @@ pub enum Error {
         /// The argument's type.
         type_name: String,
     },
+    /// A cudarc call in a kernel call's closure failed (its launch, or the kernel's earlier
+    /// work reported at it): the kernels the closure asked for named.
+    #[error(
+        "kernel {kernel} failed: its launch (a cudarc call in its kernel_call) returned {result:?}"
+    )]
+    KernelFailed {
+        /// The kernels the closure asked for (`KernelCall::function`, `KernelCall::kernel`).
+        kernel: String,
+        /// What the driver returned.
+        result: cudarc::driver::sys::CUresult,
+    },
     /// `stream=0`, which DLPack calls ambiguous.
     #[error(
         "stream=0 is ambiguous (the legacy or the per-thread default stream; DLPack refuses it): expected 1 for the legacy default stream, 2 for the per-thread default stream, or the stream object itself (a framework's default stream object is read as the legacy default stream)"
@@ -415,7 +426,10 @@ impl From<cudarc::driver::DriverError> for Error {
     /// extension function returning this crate's `Result`. cudarc's error does not say which
     /// call failed; the message names cudarc and the `CUresult`.
     fn from(e: cudarc::driver::DriverError) -> Error {
-        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+        Error::Cuda(tensorbridge_cuda::Error::driver(
+            tensorbridge_cuda::Error::CUDARC_CALL,
+            e,
+        ))
     }
 }
 
@@ -521,7 +535,9 @@ impl From<Error> for PyErr {
             | Error::NegativeBit { .. }
             | Error::Exchange { .. }
             | Error::NoFlags { .. } => PyBufferError::new_err(msg),
-            Error::Rebound { .. } | Error::Unpinned { .. } => PyRuntimeError::new_err(msg),
+            Error::Rebound { .. } | Error::Unpinned { .. } | Error::KernelFailed { .. } => {
+                PyRuntimeError::new_err(msg)
+            }
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

@@ -44,6 +44,9 @@ pub struct KernelCall<'s> {
     source: StreamSource,
     /// Each argument (by address) and its tensor, borrowed for the call.
     tensors: Vec<(*const (), TensorRef<'s>)>,
+    /// The kernels the closure asked for ([`KernelCall::function`], [`KernelCall::kernel`]):
+    /// what a failed launch is reported with.
+    kernels: std::cell::RefCell<Vec<String>>,
 }
 
 impl<'s> KernelCall<'s> {
@@ -116,13 +119,22 @@ impl<'s> KernelCall<'s> {
     /// first use and cached per context ([`tensorbridge_cudarc::kernel`]); `RuntimeError`
     /// without libnvrtc.
     pub fn kernel(&self, src: &str, name: &str) -> Result<CudaFunction> {
+        self.asked_for(name);
         Ok(tensorbridge_cudarc::kernel(self.stream(), src, name)?)
     }
 
     /// A kernel declared once (`static K: Kernel = Kernel::new(SRC, "name")`), its loaded
     /// function kept in the value per context: no hashing of the source per call.
     pub fn function(&self, kernel: &tensorbridge_cudarc::Kernel) -> Result<CudaFunction> {
+        self.asked_for(kernel.name());
         Ok(kernel.function(self.stream())?)
+    }
+
+    fn asked_for(&self, name: &str) {
+        let mut kernels = self.kernels.borrow_mut();
+        if !kernels.iter().any(|k| k == name) {
+            kernels.push(name.to_owned());
+        }
     }
 }
 
@@ -252,8 +264,9 @@ fn call<'a, R>(
             args: KernelArgs::new(s),
             source,
             tensors,
+            kernels: std::cell::RefCell::new(Vec::new()),
         };
-        let out = f(&call)?;
+        let out = f(&call).map_err(|e| named(e, &call.kernels.borrow()))?;
         if !found.is_empty() {
             let done = tensorbridge_cuda::CudaSignal::record(s)?;
             for other in &found {
@@ -270,6 +283,22 @@ fn call<'a, R>(
     // CuPy's is kept alive by its Stream object (KeptBy), the legacy default stream always
     // is; a caller's stream as `caller_stream` says.
     unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, chosen.life, body) }?
+}
+
+/// A cudarc call that failed inside a kernel call's closure (a launch: cudarc's `launch`
+/// returns a bare `DriverError`, which converts with `?`), reported with the kernels the
+/// closure asked for; any other error as it is.
+fn named(e: Error, kernels: &[String]) -> Error {
+    match e {
+        Error::Cuda(tensorbridge_cuda::Error::Driver {
+            call: tensorbridge_cuda::Error::CUDARC_CALL,
+            result,
+        }) if !kernels.is_empty() => Error::KernelFailed {
+            kernel: kernels.join(", "),
+            result,
+        },
+        e => e,
+    }
 }
 
 /// Retires a call's kept owners on its stream when the call's body ends, however it ends.
@@ -307,4 +336,40 @@ fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
         stream,
         life,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    fn launch_failure() -> Error {
+        cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE).into()
+    }
+
+    #[test]
+    fn a_failed_launch_names_the_kernel() {
+        let e = named(launch_failure(), &["axpy".to_owned()]);
+        let msg = e.to_string();
+        assert!(msg.contains("kernel axpy"), "{msg}");
+        assert!(msg.contains("CUDA_ERROR_INVALID_VALUE"), "{msg}");
+        let e = named(launch_failure(), &["axpy".to_owned(), "scale".to_owned()]);
+        assert!(e.to_string().contains("kernel axpy, scale"), "{e}");
+    }
+
+    #[test]
+    fn other_errors_and_calls_without_kernels_pass_unchanged() {
+        // No kernel asked for: nothing to name.
+        let e = named(launch_failure(), &[]);
+        assert!(matches!(e, Error::Cuda(_)), "{e}");
+        // A failed call of the CUDA layer (not cudarc's launch) keeps its own name.
+        let layer = Error::Cuda(tensorbridge_cuda::Error::Driver {
+            call: "cuStreamWaitEvent",
+            result: CUresult::CUDA_ERROR_INVALID_VALUE,
+        });
+        let e = named(layer, &["axpy".to_owned()]);
+        assert!(e.to_string().contains("cuStreamWaitEvent"), "{e}");
+        let e = named(Error::NotAnArgument, &["axpy".to_owned()]);
+        assert!(matches!(e, Error::NotAnArgument), "{e}");
+    }
 }
