@@ -53,6 +53,7 @@ const PYTHON_PACKAGES: &[&str] = &[
     "tensorbridge-pyo3",
     "tensorbridge-python",
     "tensorbridge-example",
+    "tensorbridge-kernel-example",
 ];
 
 /// The crates a registry would receive: every workspace member without `publish = false`
@@ -371,18 +372,31 @@ fn split_lanes<T>(envs: Vec<T>, lanes: usize) -> Vec<Vec<T>> {
     out
 }
 
-/// The pyo3 crate's tests, embedding the pinned environment's libpython.
+/// The pyo3 crate's tests, embedding the pinned environment's libpython; and the README's
+/// kernel recipe, built as the extension module a kernel crate makes from it with the facade
+/// alone (`tensorbridge-kernel-example`), and tested.
 fn pyo3_tests(steps: &mut Steps, venv: &Venv) -> Result<()> {
+    steps.cmd(
+        "python: cargo build -p tensorbridge-kernel-example",
+        venv.cargo()
+            .args(["build", "-p", "tensorbridge-kernel-example"]),
+    )?;
     match venv.libpython_dir()? {
         Some(libdir) => steps.cmd(
-            "python: cargo test -p tensorbridge-pyo3",
+            "python: cargo test -p tensorbridge-pyo3 -p tensorbridge-kernel-example",
             venv.cargo()
-                .args(["test", "-p", "tensorbridge-pyo3"])
+                .args([
+                    "test",
+                    "-p",
+                    "tensorbridge-pyo3",
+                    "-p",
+                    "tensorbridge-kernel-example",
+                ])
                 .env("LD_LIBRARY_PATH", prepend_path(&libdir)),
         ),
         None => {
             steps.skip(
-                "python: cargo test -p tensorbridge-pyo3",
+                "python: cargo test -p tensorbridge-pyo3 -p tensorbridge-kernel-example",
                 "the environment's interpreter has no shared libpython to embed; the pytest suite covers the crate",
             );
             Ok(())

@@ -126,6 +126,31 @@ impl<'a, T: Element> Strided<'a, T> {
         unsafe { self.ptr_at(offset).read() }
     }
 
+    /// The number of elements when the layout is C-contiguous (so they are exactly the
+    /// `len` elements from `first`), `None` otherwise.
+    fn contiguous_len(&self) -> Option<usize> {
+        if !self.tensor.layout().is_c_contiguous() {
+            return None;
+        }
+        usize::try_from(self.tensor.numel()).ok()
+    }
+
+    /// The elements as a slice, when C-contiguous.
+    ///
+    /// # Safety
+    /// 1. The span is valid and unwritten by others for `'s`.
+    unsafe fn as_slice<'s>(&self) -> Option<&'s [T]> {
+        let len = self.contiguous_len()?;
+        if len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: C-contiguous, so the `len` elements from `first` are exactly the validated
+        // span; `first` is non-null (validation refuses null data with elements) and aligned
+        // for `T` (validated alignment, `Element` obligation 2); any bit pattern is a valid
+        // `T` (`Element` obligation 1); valid and unwritten for `'s` (obligation 1).
+        Some(unsafe { std::slice::from_raw_parts(self.first, len) })
+    }
+
     fn iter(&self) -> Iter<'_, T> {
         let shape = self.tensor.shape();
         Iter {
@@ -162,6 +187,33 @@ impl<'a, T: Element> HostView<'a, T> {
     /// Elements in row-major (C) order of the logical index, whatever the strides.
     pub fn iter(&self) -> Iter<'_, T> {
         self.inner.iter()
+    }
+
+    /// The elements as a slice, in row-major order, when the layout is C-contiguous
+    /// ([`Layout::is_c_contiguous`](crate::Layout::is_c_contiguous)); `None` for any other
+    /// layout (a transposed, sliced or broadcast view: [`iter`](Self::iter) reads those).
+    /// The fast path for summing or copying: no per-element offset arithmetic.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tensorbridge_core::{DType, RawTensor, Tensor};
+    /// let data = Arc::new(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    /// let desc = RawTensor::host(data.as_ptr() as usize, DType::FLOAT32, &[2, 3]).validate()?;
+    /// // SAFETY: `data` owns the six floats and nobody writes them.
+    /// let t = unsafe { Tensor::from_descriptor(desc, data.clone()) };
+    /// let view = t.host_view::<f32>()?;
+    /// let total: f32 = match view.as_slice() {
+    ///     Some(slice) => slice.iter().sum(), // contiguous: one pass over memory
+    ///     None => view.iter().sum(),         // any other layout
+    /// };
+    /// assert_eq!(total, 21.0);
+    /// assert_eq!(view.as_slice().map(<[f32]>::as_ptr), Some(data.as_ptr())); // zero-copy
+    /// # Ok::<(), tensorbridge_core::Error>(())
+    /// ```
+    pub fn as_slice(&self) -> Option<&'a [T]> {
+        // SAFETY: forwarded constructor obligation 1: the span is valid and unwritten by
+        // others for `'a`.
+        unsafe { self.inner.as_slice() }
     }
 
     /// A compact row-major copy: the reference result every conversion is checked against.
@@ -208,6 +260,27 @@ impl<'a, T: Element> HostViewMut<'a, T> {
     /// Elements in row-major order of the logical index.
     pub fn iter(&self) -> Iter<'_, T> {
         self.inner.iter()
+    }
+
+    /// The elements as a slice when the layout is C-contiguous, `None` otherwise (as
+    /// [`HostView::as_slice`]).
+    pub fn as_slice(&self) -> Option<&[T]> {
+        // SAFETY: constructor obligation 2: nothing else reads or writes the span while the
+        // view lives; the slice borrows the view, so no write through it meanwhile.
+        unsafe { self.inner.as_slice() }
+    }
+
+    /// The elements as a writable slice when the layout is C-contiguous, `None` otherwise.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [T]> {
+        let len = self.inner.contiguous_len()?;
+        if len == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: C-contiguous, so the `len` elements from `first` are exactly the span,
+        // which is valid, writable and exclusive to this view (constructor obligations 1 and
+        // 2); `first` is non-null and aligned (as in `Strided::read`); any bit pattern is a
+        // valid `T` (`Element` obligation 1); the slice borrows the view mutably.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.inner.first, len) })
     }
 
     /// A compact row-major copy.
@@ -288,5 +361,77 @@ mod tests {
             check::<num_complex::Complex<f32>>();
             check::<num_complex::Complex<f64>>();
         }
+    }
+
+    /// A host tensor over `data` (which it keeps alive) with `shape` and `strides`.
+    fn over(
+        data: &std::sync::Arc<Vec<f32>>,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+    ) -> crate::Tensor {
+        let desc = crate::RawTensor {
+            strides,
+            ..crate::RawTensor::host(data.as_ptr() as usize, DType::FLOAT32, shape)
+        }
+        .validate()
+        .unwrap();
+        // SAFETY: `data` owns every element the layouts below reach, and the tests write
+        // only through exclusive views.
+        unsafe { crate::Tensor::from_descriptor(desc, data.clone()) }
+    }
+
+    #[test]
+    fn as_slice_is_the_memory_itself_for_c_contiguous_views_only() {
+        let data = std::sync::Arc::new((0..12).map(|i| i as f32).collect::<Vec<f32>>());
+        let c = over(&data, &[3, 4], None);
+        let view = c.host_view::<f32>().unwrap();
+        let slice = view.as_slice().expect("a C-contiguous view is a slice");
+        assert_eq!(slice.as_ptr(), data.as_ptr(), "zero-copy");
+        assert_eq!(slice, view.to_contiguous().as_slice());
+        // Size-1 dimensions may have any stride: still contiguous.
+        let ones = over(&data, &[1, 12, 1], Some(&[99, 1, 7]));
+        assert_eq!(ones.host_view::<f32>().unwrap().as_slice(), Some(&data[..]));
+        // Empty: an empty slice.
+        let empty = over(&data, &[0, 4], None);
+        assert_eq!(empty.host_view::<f32>().unwrap().as_slice(), Some(&[][..]));
+        // Transposed, sliced (a gap between rows), broadcast (stride 0): no slice.
+        for (shape, strides) in [
+            (&[4i64, 3][..], &[1i64, 4][..]),
+            (&[3, 2], &[4, 1]),
+            (&[3, 4], &[0, 1]),
+        ] {
+            let t = over(&data, shape, Some(strides));
+            let view = t.host_view::<f32>().unwrap();
+            assert!(view.as_slice().is_none(), "{shape:?} {strides:?}");
+            assert!(view.iter().count() > 0);
+        }
+    }
+
+    #[test]
+    fn as_mut_slice_writes_the_memory_itself() {
+        let data = std::sync::Arc::new(vec![0.0f32; 6]);
+        let t = over(&data, &[2, 3], None);
+        drop(data); // the tensor is now the only holder of its owner
+        let mut exclusive = t.into_exclusive().expect("the only holder");
+        let mut view = exclusive.host_view_mut::<f32>().unwrap();
+        let ptr = view.as_slice().unwrap().as_ptr();
+        view.as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(view.get(&[1, 2]).unwrap(), 6.0);
+        assert_eq!(view.as_mut_slice().unwrap().as_ptr(), ptr.cast_mut());
+        let t = over(
+            &std::sync::Arc::new(vec![0.0f32; 6]),
+            &[3, 2],
+            Some(&[1, 3]),
+        );
+        let mut exclusive = t.into_exclusive().expect("the only holder");
+        assert!(
+            exclusive
+                .host_view_mut::<f32>()
+                .unwrap()
+                .as_mut_slice()
+                .is_none()
+        );
     }
 }

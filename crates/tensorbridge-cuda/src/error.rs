@@ -354,6 +354,10 @@ pub enum Error {
 }
 
 impl Error {
+    /// The `call` of a [`Error::Driver`] converted from cudarc's bare `DriverError`, which
+    /// does not say which call failed (a kernel launch, in a kernel crate).
+    pub const CUDARC_CALL: &'static str = "(a cudarc call)";
+
     /// A failed driver call, from cudarc's error type.
     pub fn driver(call: &'static str, err: DriverError) -> Error {
         Error::Driver {

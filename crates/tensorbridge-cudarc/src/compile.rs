@@ -29,7 +29,37 @@ pub enum Arch {
     Named(Cow<'static, str>),
 }
 
+impl Arch {
+    /// [`Arch::Named`] from a string constant, in a `const` context.
+    pub const fn named(name: &'static str) -> Arch {
+        Arch::Named(Cow::Borrowed(name))
+    }
+}
+
 /// How NVRTC compiles a kernel; part of the cache key with the source and the name.
+///
+/// Two ways to build one. At run time, one item at a time ([`define`](Self::define),
+/// [`include_path`](Self::include_path), [`option`](Self::option), [`arch`](Self::arch): any
+/// string, a generated one too). In a `const` context, for a `static` [`Kernel`]: lists of
+/// string constants ([`defines`](Self::defines), [`include_paths`](Self::include_paths),
+/// [`options`](Self::options)), [`fast_math`](Self::fast_math), and the architecture through
+/// [`for_arch`](Self::for_arch). Both kinds may be combined; the lists come first on the
+/// NVRTC command line.
+///
+/// ```
+/// use tensorbridge_cudarc::{Arch, CompileOptions, Kernel};
+/// static SCALE: Kernel = Kernel::with_options(
+///     r#"extern "C" __global__ void scale(T* x, long long n) { /* ... */ }"#,
+///     "scale",
+///     CompileOptions::for_arch(Arch::named("sm_90a"))
+///         .defines(&[("T", "float")])
+///         .options(&["-std=c++17"])
+///         .fast_math(true),
+/// );
+/// assert_eq!(SCALE.options().nvrtc_options(Some(90)), [
+///     "--gpu-architecture=sm_90a", "-DT=float", "--use_fast_math", "-std=c++17",
+/// ]);
+/// ```
 ///
 /// ```
 /// use tensorbridge_cudarc::CompileOptions;
@@ -46,6 +76,10 @@ pub enum Arch {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     arch: Arch,
+    /// The `const` lists, before the run-time items of each kind.
+    static_defines: &'static [(&'static str, &'static str)],
+    static_include_paths: &'static [&'static str],
+    static_extra: &'static [&'static str],
     defines: Vec<(Cow<'static, str>, Cow<'static, str>)>,
     include_paths: Vec<Cow<'static, str>>,
     fast_math: bool,
@@ -55,13 +89,43 @@ pub struct CompileOptions {
 impl CompileOptions {
     /// The defaults: the device's own architecture, nothing else.
     pub const fn new() -> CompileOptions {
+        CompileOptions::for_arch(Arch::Device)
+    }
+
+    /// The defaults but the architecture (`const`: a `static` [`Kernel`]'s options start
+    /// here or at [`new`](Self::new)).
+    pub const fn for_arch(arch: Arch) -> CompileOptions {
         CompileOptions {
-            arch: Arch::Device,
+            arch,
+            static_defines: &[],
+            static_include_paths: &[],
+            static_extra: &[],
             defines: Vec::new(),
             include_paths: Vec::new(),
             fast_math: false,
             extra: Vec::new(),
         }
+    }
+
+    /// `-D name=value` for each pair (`-D name` for an empty value), in a `const` context;
+    /// replaces an earlier list, keeps what [`define`](Self::define) added.
+    pub const fn defines(mut self, defines: &'static [(&'static str, &'static str)]) -> Self {
+        self.static_defines = defines;
+        self
+    }
+
+    /// `--include-path=dir` for each directory, in a `const` context; replaces an earlier
+    /// list, keeps what [`include_path`](Self::include_path) added.
+    pub const fn include_paths(mut self, dirs: &'static [&'static str]) -> Self {
+        self.static_include_paths = dirs;
+        self
+    }
+
+    /// Other NVRTC options verbatim, in a `const` context; replaces an earlier list, keeps
+    /// what [`option`](Self::option) added.
+    pub const fn options(mut self, options: &'static [&'static str]) -> Self {
+        self.static_extra = options;
+        self
     }
 
     /// The architecture to compile for (default [`Arch::Device`]).
@@ -88,7 +152,7 @@ impl CompileOptions {
 
     /// `--use_fast_math` (flush denormals, fast approximate division, square root and
     /// transcendentals, fused multiply-add).
-    pub fn fast_math(mut self, on: bool) -> CompileOptions {
+    pub const fn fast_math(mut self, on: bool) -> CompileOptions {
         self.fast_math = on;
         self
     }
@@ -110,19 +174,23 @@ impl CompileOptions {
             (Arch::Device, None) | (Arch::NvrtcDefault, _) => {}
             (Arch::Named(name), _) => out.push(format!("--gpu-architecture={name}")),
         }
-        for (name, value) in &self.defines {
+        let statics = self.static_defines.iter().map(|&(n, v)| (n, v));
+        let dynamic = self.defines.iter().map(|(n, v)| (&**n, &**v));
+        for (name, value) in statics.chain(dynamic) {
             out.push(if value.is_empty() {
                 format!("-D{name}")
             } else {
                 format!("-D{name}={value}")
             });
         }
-        for dir in &self.include_paths {
+        let dynamic = self.include_paths.iter().map(|d| &**d);
+        for dir in self.static_include_paths.iter().copied().chain(dynamic) {
             out.push(format!("--include-path={dir}"));
         }
         if self.fast_math {
             out.push("--use_fast_math".to_owned());
         }
+        out.extend(self.static_extra.iter().map(|o| o.to_string()));
         out.extend(self.extra.iter().map(|o| o.to_string()));
         out
     }
@@ -355,8 +423,23 @@ impl Kernel {
         }
     }
 
+    /// The kernel `name` of `src`, with options: `const`, so a `static` kernel may have
+    /// options ([`CompileOptions`]'s `const` builders).
+    pub const fn with_options(
+        src: &'static str,
+        name: &'static str,
+        options: CompileOptions,
+    ) -> Kernel {
+        Kernel {
+            src: Cow::Borrowed(src),
+            name: Cow::Borrowed(name),
+            options,
+            loaded: Mutex::new(Vec::new()),
+        }
+    }
+
     /// A kernel from any source (a generated one too), with options.
-    pub fn with_options(
+    pub fn from_source(
         src: impl Into<Cow<'static, str>>,
         name: impl Into<Cow<'static, str>>,
         options: CompileOptions,
@@ -367,6 +450,16 @@ impl Kernel {
             options,
             loaded: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The kernel's name (what launch errors name it by).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How NVRTC compiles it.
+    pub fn options(&self) -> &CompileOptions {
+        &self.options
     }
 
     /// The loaded function for launches on `stream` ([`kernel_with`] at first use in its

@@ -74,7 +74,10 @@ impl From<cudarc::driver::DriverError> for Error {
     /// [`Driver`](tensorbridge_cuda::Error::Driver) error, so `?` works on cudarc's results
     /// in functions that return this crate's errors.
     fn from(e: cudarc::driver::DriverError) -> Error {
-        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+        Error::Cuda(tensorbridge_cuda::Error::driver(
+            tensorbridge_cuda::Error::CUDARC_CALL,
+            e,
+        ))
     }
 }
 

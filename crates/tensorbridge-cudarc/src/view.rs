@@ -59,6 +59,27 @@ pub struct DeviceView<'t, T> {
 /// holds; in addition, after the kernels that write have been enqueued, the data is ready on
 /// the view's stream ([`ready_after`](DeviceView::ready_after)): attach that to the tensor
 /// you hand on.
+///
+/// An output is pushed by mutable reference:
+///
+/// ```
+/// use cudarc::driver::{LaunchArgs, PushKernelArg};
+/// use tensorbridge_cudarc::DeviceViewMut;
+/// fn push<'a>(launch: &mut LaunchArgs<'a>, y: &'a mut DeviceViewMut<'a, f32>) {
+///     launch.arg(y);
+/// }
+/// ```
+///
+/// By shared reference it does not compile, and the error says why ("a kernel output
+/// (`DeviceViewMut`) is passed as `&mut view`, not `&view`"):
+///
+/// ```compile_fail,E0277
+/// use cudarc::driver::{LaunchArgs, PushKernelArg};
+/// use tensorbridge_cudarc::DeviceViewMut;
+/// fn push<'a>(launch: &mut LaunchArgs<'a>, y: &'a DeviceViewMut<'a, f32>) {
+///     launch.arg(y);
+/// }
+/// ```
 pub struct DeviceViewMut<'t, T> {
     inner: DeviceView<'t, T>,
 }
@@ -297,3 +318,19 @@ unsafe impl<'a, 'b: 'a, 't: 'b, T> PushKernelArg<&'b mut DeviceViewMut<'t, T>> f
         self.arg(&arg.inner.ptr)
     }
 }
+
+/// Never implemented: the bound that turns `.arg(&yv)` on an output view into a message that
+/// says what to write. cudarc pushes `&T` for every `T: DeviceRepr`, so without this an
+/// output passed by shared reference is reported as a missing `DeviceRepr`, which says
+/// nothing about outputs.
+#[diagnostic::on_unimplemented(
+    message = "a kernel output (`DeviceViewMut`) is passed as `&mut view`, not `&view`",
+    label = "write `.arg(&mut view)` here",
+    note = "outputs take `&mut`: the kernel writes them, and the mutable borrow keeps every other use of the view out while the launch builder holds it",
+    note = "to pass an output view read-only, write `.arg(&view.as_view())`"
+)]
+pub trait OutputTakesMut {}
+
+// SAFETY: vacuous: `DeviceViewMut` never implements `OutputTakesMut` (the trait has no
+// implementation at all), so this impl never applies; it exists for its error message.
+unsafe impl<T> cudarc::driver::DeviceRepr for DeviceViewMut<'_, T> where Self: OutputTakesMut {}

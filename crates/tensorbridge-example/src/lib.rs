@@ -12,6 +12,8 @@
 //!   PyTorch tensors".
 //! - `axpy_on(alpha, x, y, stream)`: the same on a stream the caller chose
 //!   ([`tensorbridge_pyo3::kernel_call_on`]).
+//! - `axpy_unlaunchable(x, y)`: the same kernel launched with a block no GPU allows, for the
+//!   test that a failed launch names its kernel.
 //! - `add_transposed(a, b, out)`: `out = a + b.T`, a strided 2-D kernel (a 2-D grid, strides
 //!   read from `tb_layout`), the second kernel recipe.
 //! - `axpy_ptr(alpha, x_ptr, y_ptr, n, stream)`: the same kernel on contiguous float32
@@ -48,7 +50,11 @@ use tensorbridge::pyo3::{AnyTensor, Error, TensorArg};
 /// Sums a float32 host tensor from any framework, without copying it.
 #[pyfunction]
 fn total(x: TensorArg<'_, '_>) -> Result<f32, Error> {
-    Ok(x.as_ref().host_view::<f32>()?.iter().sum())
+    let view = x.as_ref().host_view::<f32>()?;
+    Ok(match view.as_slice() {
+        Some(contiguous) => contiguous.iter().sum(), // the fast path: a plain slice
+        None => view.iter().sum(),                   // strided, transposed, broadcast
+    })
 }
 
 /// `0.0, 1.0, ..., n - 1` in a new cudarc buffer on device 0, as a `tensorbridge.View`.
@@ -78,6 +84,38 @@ extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
 "#,
     "axpy",
 );
+
+/// The `axpy` recipe launched with 4,096 threads per block, which no GPU allows: the launch
+/// fails, and the error names the kernel (`tests/gpu/test_gpu_kernel.py`). A test hook, not
+/// a recipe.
+#[pyfunction]
+fn axpy_unlaunchable(x: TensorArg<'_, '_>, y: TensorArg<'_, '_>) -> Result<(), Error> {
+    tensorbridge_pyo3::kernel_call(&[&x, &y], |call| {
+        let xv = call.input::<f32>(&x)?;
+        let mut yv = call.output::<f32>(&y)?;
+        let n = yv.numel();
+        let f = call.function(&AXPY)?;
+        let (lx, ly) = (xv.layout()?, yv.layout()?);
+        let too_wide = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (4096, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as in `axpy`; the driver refuses the launch before anything runs.
+        unsafe {
+            call.stream()
+                .launch_builder(&f)
+                .arg(&1.0f32)
+                .arg(&xv)
+                .arg(&lx)
+                .arg(&mut yv)
+                .arg(&ly)
+                .arg(&(n as i64))
+                .launch(too_wide)
+        }?;
+        Ok(())
+    })
+}
 
 /// `y += alpha * x` in place on float32 CUDA tensors of one shape (any strides), from
 /// PyTorch, CuPy, JAX...: our kernel, on the framework's current stream.
@@ -283,6 +321,7 @@ fn tensorbridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ramp, m)?)?;
     m.add_function(wrap_pyfunction!(axpy, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_on, m)?)?;
+    m.add_function(wrap_pyfunction!(axpy_unlaunchable, m)?)?;
     m.add_function(wrap_pyfunction!(add_transposed, m)?)?;
     m.add_function(wrap_pyfunction!(axpy_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(nop3, m)?)?;

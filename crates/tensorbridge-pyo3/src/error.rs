@@ -153,6 +153,38 @@ pub enum Error {
         /// The argument's type.
         type_name: String,
     },
+    /// A `stream=` argument that is no stream: neither `None`, an int nor a stream object.
+    #[error(
+        "stream must be None, an int or a CUDA stream object (a torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__) (found an object of type {type_name})"
+    )]
+    StreamObject {
+        /// The argument's type.
+        type_name: String,
+    },
+    /// A cudarc call in a kernel call's closure failed (its launch, or the kernel's earlier
+    /// work reported at it): the kernels the closure asked for named.
+    #[error(
+        "kernel {kernel} failed: its launch (a cudarc call in its kernel_call) returned {result:?}"
+    )]
+    KernelFailed {
+        /// The kernels the closure asked for (`KernelCall::function`, `KernelCall::kernel`).
+        kernel: String,
+        /// What the driver returned.
+        result: cudarc::driver::sys::CUresult,
+    },
+    /// `stream=0`, which DLPack calls ambiguous.
+    #[error(
+        "stream=0 is ambiguous (the legacy or the per-thread default stream; DLPack refuses it): expected 1 for the legacy default stream, 2 for the per-thread default stream, or the stream object itself (a framework's default stream object is read as the legacy default stream)"
+    )]
+    StreamZero,
+    /// `stream=-1` (no synchronisation) for a call that must run or order on a stream.
+    #[error(
+        "{entry} needs a stream to work on, and -1 (no synchronisation) names none (expected None or 1 for the legacy default stream, 2, a stream handle or a stream object)"
+    )]
+    StreamNeeded {
+        /// The function that was called.
+        entry: &'static str,
+    },
     /// A stream integer no convention can carry.
     #[error(
         "stream {repr} does not fit a 64-bit integer (expected None, -1, 1, 2 or a stream handle)"
@@ -394,7 +426,10 @@ impl From<cudarc::driver::DriverError> for Error {
     /// extension function returning this crate's `Result`. cudarc's error does not say which
     /// call failed; the message names cudarc and the `CUresult`.
     fn from(e: cudarc::driver::DriverError) -> Error {
-        Error::Cuda(tensorbridge_cuda::Error::driver("(a cudarc call)", e))
+        Error::Cuda(tensorbridge_cuda::Error::driver(
+            tensorbridge_cuda::Error::CUDARC_CALL,
+            e,
+        ))
     }
 }
 
@@ -471,6 +506,7 @@ impl From<Error> for PyErr {
             | Error::InterfaceNotDict { .. }
             | Error::InterfaceKey { .. }
             | Error::StreamType { .. }
+            | Error::StreamObject { .. }
             | Error::NotAView { .. } => PyTypeError::new_err(msg),
             Error::AmbiguousDType { .. }
             | Error::UnsupportedDType { .. }
@@ -479,6 +515,8 @@ impl From<Error> for PyErr {
             | Error::Suboffsets
             | Error::StreamOnHost { .. }
             | Error::StreamRange { .. }
+            | Error::StreamZero
+            | Error::StreamNeeded { .. }
             | Error::Unchecked { .. }
             | Error::MaxVersion { .. }
             | Error::NegativePointer { .. }
@@ -497,7 +535,9 @@ impl From<Error> for PyErr {
             | Error::NegativeBit { .. }
             | Error::Exchange { .. }
             | Error::NoFlags { .. } => PyBufferError::new_err(msg),
-            Error::Rebound { .. } | Error::Unpinned { .. } => PyRuntimeError::new_err(msg),
+            Error::Rebound { .. } | Error::Unpinned { .. } | Error::KernelFailed { .. } => {
+                PyRuntimeError::new_err(msg)
+            }
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

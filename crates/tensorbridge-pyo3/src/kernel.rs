@@ -12,8 +12,7 @@ use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs, Ke
 
 use crate::TensorArg;
 use crate::error::{Error, Result};
-use crate::import::route;
-use crate::owner::KeepAlive;
+use crate::floor::stream::{Framework, StreamArg};
 
 /// Whose stream a kernel call runs on.
 #[non_exhaustive]
@@ -45,6 +44,9 @@ pub struct KernelCall<'s> {
     source: StreamSource,
     /// Each argument (by address) and its tensor, borrowed for the call.
     tensors: Vec<(*const (), TensorRef<'s>)>,
+    /// The kernels the closure asked for ([`KernelCall::function`], [`KernelCall::kernel`]):
+    /// what a failed launch is reported with.
+    kernels: std::cell::RefCell<Vec<String>>,
 }
 
 impl<'s> KernelCall<'s> {
@@ -117,13 +119,22 @@ impl<'s> KernelCall<'s> {
     /// first use and cached per context ([`tensorbridge_cudarc::kernel`]); `RuntimeError`
     /// without libnvrtc.
     pub fn kernel(&self, src: &str, name: &str) -> Result<CudaFunction> {
+        self.asked_for(name);
         Ok(tensorbridge_cudarc::kernel(self.stream(), src, name)?)
     }
 
     /// A kernel declared once (`static K: Kernel = Kernel::new(SRC, "name")`), its loaded
     /// function kept in the value per context: no hashing of the source per call.
     pub fn function(&self, kernel: &tensorbridge_cudarc::Kernel) -> Result<CudaFunction> {
+        self.asked_for(kernel.name());
         Ok(kernel.function(self.stream())?)
+    }
+
+    fn asked_for(&self, name: &str) {
+        let mut kernels = self.kernels.borrow_mut();
+        if !kernels.iter().any(|k| k == name) {
+            kernels.push(name.to_owned());
+        }
     }
 }
 
@@ -163,12 +174,13 @@ pub fn kernel_call<R>(
 }
 
 /// [`kernel_call`] on the stream the caller chose: for kernel libraries that take `stream=`
-/// and for inputs whose framework has no current stream (JAX). `stream` is a stream object
+/// and for inputs whose framework has no current stream (JAX). `stream` is read as every
+/// `stream=` of this crate reads it (ARCHITECTURE.md, "Streams from Python"): a stream object
 /// (anything with the CUDA stream protocol `__cuda_stream__`, as cuda.core's streams have; a
-/// `torch.cuda.Stream`; a `cupy.cuda.Stream`) or an int with the CUDA Array Interface's
-/// conventions (`1` the legacy default stream, `2` the per-thread one, a `cudaStream_t`),
-/// which Python code vouches is live for the call, as the DLPack protocol trusts stream
-/// ints. The kernel runs on it, and the arguments' frameworks' current streams wait for it
+/// `torch.cuda.Stream`; a `cupy.cuda.Stream`), `None` (the legacy default stream) or an int
+/// with DLPack's meanings (`1` the legacy default stream, `2` the per-thread one, a
+/// `cudaStream_t`; `0` is ambiguous and `-1` names no stream: both `ValueError`), which
+/// Python code vouches is live for the call, as the DLPack protocol trusts stream ints. The kernel runs on it, and the arguments' frameworks' current streams wait for it
 /// as in [`kernel_call`].
 pub fn kernel_call_on<R>(
     args: &[&TensorArg<'_, '_>],
@@ -244,7 +256,7 @@ fn call<'a, R>(
         .iter()
         .zip(&owned_by)
         .filter(|(_, by)| **by != Some(stream))
-        .map(|(a, _)| a.imported().owner(a.object()))
+        .map(|(a, _)| a.owner())
         .collect();
     let body = |s: &Arc<CudaStream>| -> Result<R> {
         let _retire = Retire { stream: s, kept };
@@ -252,8 +264,9 @@ fn call<'a, R>(
             args: KernelArgs::new(s),
             source,
             tensors,
+            kernels: std::cell::RefCell::new(Vec::new()),
         };
-        let out = f(&call)?;
+        let out = f(&call).map_err(|e| named(e, &call.kernels.borrow()))?;
         if !found.is_empty() {
             let done = tensorbridge_cuda::CudaSignal::record(s)?;
             for other in &found {
@@ -272,6 +285,22 @@ fn call<'a, R>(
     unsafe { tensorbridge_cuda::with_stream_raw(ordinal, stream, chosen.life, body) }?
 }
 
+/// A cudarc call that failed inside a kernel call's closure (a launch: cudarc's `launch`
+/// returns a bare `DriverError`, which converts with `?`), reported with the kernels the
+/// closure asked for; any other error as it is.
+fn named(e: Error, kernels: &[String]) -> Error {
+    match e {
+        Error::Cuda(tensorbridge_cuda::Error::Driver {
+            call: tensorbridge_cuda::Error::CUDARC_CALL,
+            result,
+        }) if !kernels.is_empty() => Error::KernelFailed {
+            kernel: kernels.join(", "),
+            result,
+        },
+        e => e,
+    }
+}
+
 /// Retires a call's kept owners on its stream when the call's body ends, however it ends.
 struct Retire<'s> {
     stream: &'s Arc<CudaStream>,
@@ -286,85 +315,61 @@ impl Drop for Retire<'_> {
     }
 }
 
-/// The current stream of `arg`'s framework on device `ordinal`, when it has one: PyTorch's
-/// (read when the argument was imported), CuPy's (asked now).
+/// A framework stream found for an argument, as the call uses it.
 fn framework_stream(arg: &TensorArg<'_, '_>, ordinal: u32) -> Result<Option<Found>> {
-    if let Some(current) = arg.imported().current {
-        return Ok(Some(Found {
-            source: StreamSource::Torch,
-            stream: current.stream,
-            life: if current.immortal {
-                StreamLife::Immortal
-            } else {
-                StreamLife::CallOnly
-            },
-        }));
-    }
-    let obj = arg.object();
-    let py = obj.py();
-    if route::facts(obj)?.cupy {
-        let device_id = i32::try_from(ordinal).unwrap_or(0);
-        let current = py
-            .import(pyo3::intern!(py, "cupy.cuda"))?
-            .getattr(pyo3::intern!(py, "get_current_stream"))?
-            .call1((device_id,))?;
-        let ptr: usize = current.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
-        let stream = tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(ptr));
-        return Ok(Some(Found {
-            source: StreamSource::CuPy,
-            stream,
-            life: StreamLife::KeptBy(KeepAlive::owner(current.unbind(), None)),
-        }));
-    }
-    Ok(None)
+    Ok(arg.framework_stream(ordinal)?.map(|f| Found {
+        source: match f.framework {
+            Framework::Torch => StreamSource::Torch,
+            Framework::CuPy => StreamSource::CuPy,
+        },
+        stream: f.stream,
+        life: f.life,
+    }))
 }
 
-/// The stream a caller chose for [`kernel_call_on`], and how long it lives: a stream object
-/// that owns its stream (the CUDA stream protocol's, CuPy's) is held for as long as a clone
-/// of the wrapper lives; a `torch.cuda.Stream` is PyTorch's pool stream (never destroyed) or
-/// an external one (lent for the call only, as is a bare int).
+/// The stream a caller chose for [`kernel_call_on`] (the one reader of `stream=`,
+/// [`StreamArg`]; `None` is the legacy default stream, `-1` refused), and how long it lives.
 fn caller_stream(stream: &Bound<'_, PyAny>) -> Result<Found> {
-    let py = stream.py();
-    let found = |handle: usize, life: StreamLife| Found {
-        source: StreamSource::Caller,
-        stream: tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(handle)),
-        life,
-    };
-    let kept = || StreamLife::KeptBy(KeepAlive::owner(stream.clone().unbind(), None));
-    if let Some(id) = crate::import::attribute(stream, pyo3::intern!(py, "stream_id"))? {
-        // A `torch.cuda.Stream`: its id is 0 for the default stream, odd for pool streams,
-        // the (even) handle itself for an external stream.
-        let id: i64 = id.extract()?;
-        let handle: usize = stream
-            .getattr(pyo3::intern!(py, "cuda_stream"))?
-            .extract()?;
-        let life = if id == 0 || id & 1 == 1 {
-            StreamLife::Immortal
-        } else {
-            StreamLife::CallOnly
-        };
-        return Ok(found(handle, life));
-    }
-    // The CUDA stream protocol: `__cuda_stream__()` -> (version, handle).
-    if let Some(method) = crate::import::attribute(stream, pyo3::intern!(py, "__cuda_stream__"))? {
-        let (_, handle): (i64, usize) = method.call0()?.extract()?;
-        return Ok(found(handle, kept()));
-    }
-    if let Some(handle) = crate::import::attribute(stream, pyo3::intern!(py, "ptr"))? {
-        let handle: usize = handle.extract()?;
-        return Ok(found(handle, kept()));
-    }
-    let value = crate::convert::stream_from_py(Some(stream))?.unwrap_or(1);
-    let request = tensorbridge::stream_from_wire(
-        tensorbridge::StreamConvention::CudaArrayInterface,
-        Some(value),
-    )?;
+    let (stream, life) = StreamArg::read(Some(stream))?.stream_or_default("kernel_call_on")?;
     Ok(Found {
         source: StreamSource::Caller,
-        stream: match request {
-            tensorbridge::StreamRequest::Stream(s) => s,
-            tensorbridge::StreamRequest::NoSync => Stream::LegacyDefault,
-        },
-        life: StreamLife::CallOnly,
+        stream,
+        life,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    fn launch_failure() -> Error {
+        cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE).into()
+    }
+
+    #[test]
+    fn a_failed_launch_names_the_kernel() {
+        let e = named(launch_failure(), &["axpy".to_owned()]);
+        let msg = e.to_string();
+        assert!(msg.contains("kernel axpy"), "{msg}");
+        assert!(msg.contains("CUDA_ERROR_INVALID_VALUE"), "{msg}");
+        let e = named(launch_failure(), &["axpy".to_owned(), "scale".to_owned()]);
+        assert!(e.to_string().contains("kernel axpy, scale"), "{e}");
+    }
+
+    #[test]
+    fn other_errors_and_calls_without_kernels_pass_unchanged() {
+        // No kernel asked for: nothing to name.
+        let e = named(launch_failure(), &[]);
+        assert!(matches!(e, Error::Cuda(_)), "{e}");
+        // A failed call of the CUDA layer (not cudarc's launch) keeps its own name.
+        let layer = Error::Cuda(tensorbridge_cuda::Error::Driver {
+            call: "cuStreamWaitEvent",
+            result: CUresult::CUDA_ERROR_INVALID_VALUE,
+        });
+        let e = named(layer, &["axpy".to_owned()]);
+        assert!(e.to_string().contains("cuStreamWaitEvent"), "{e}");
+        let e = named(Error::NotAnArgument, &["axpy".to_owned()]);
+        assert!(matches!(e, Error::NotAnArgument), "{e}");
+    }
 }

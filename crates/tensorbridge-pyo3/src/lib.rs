@@ -12,7 +12,7 @@
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
 //! | [`View`] -> DLPack C exchange API consumer (tvm-ffi, dlpark, cuda.core) | `type(view).__dlpack_c_exchange_api__` (DLPack 1.3 capsule) or `__c_dlpack_exchange_api__` (1.2 int): `managed_tensor_from_py_object_no_sync` (as `__dlpack__(max_version=(1, 3))`), `dltensor_from_py_object_no_sync` (borrowed; refused for read-only views), `managed_tensor_to_py_object_no_sync` (a managed tensor -> a new [`View`]) | zero-copy, no Python call | `current_work_stream` is NULL (the legacy default stream) for every device; the exports make the legacy default stream wait for the view's producer (GPU-side) |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
-//! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (CUDA Array Interface rules; `asview`'s `stream` is the consumer's, DLPack rules) |
+//! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (`asview`'s `stream` is the consumer's; both read as every `stream=` is, with DLPack's integers) |
 //! | a CUDA tensor -> another process | Python `tensorbridge.share(x)` gives a picklable `Handle`; `tensorbridge.open(handle)` in another process gives a [`View`] (`tensorbridge_cuda::ipc` underneath) | zero-copy across processes (CUDA IPC of the whole allocation, the offset carried) | the producer's pending work is waited for on the consumer's stream through an interprocess event; the producer frees the memory only after every consumer's work on it is done |
 //! | Python tensors -> your own CUDA kernel | [`kernel_call`] / [`kernel_call_on`] on [`TensorArg`]s (views through [`KernelCall::input`] / [`KernelCall::output`], outputs checked for aliasing and access) | zero-copy, in place, borrowed for the call | the kernel runs on the current stream of the arguments' framework (PyTorch's, else CuPy's, else the legacy default stream), or the caller's (`kernel_call_on`), borrowed for the call: ordered like the framework's own operations, both ways; other frameworks' current streams wait for it on the GPU |
 //!
@@ -159,11 +159,22 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The modules, bottom-up: each uses only those on lines above its own in this list (names on
+// one line stand side by side and use neither each other). `tests/it/layers.rs` reads this
+// list and checks it against every `crate::` path.
+// - error: the crate's error type and its Python exceptions
+// - ffi: the C API pyo3 does not wrap, the GIL-attach and exit gates, C entry points
+// - convert: Python values (dtypes, devices) to the core's
+// - owner: Python objects and buffers as a tensor's owner
+// - floor: what both wings stand on: readiness, capsule names, stream arguments, `View`
+// - import, export: the two wings (Python -> the core, the core -> Python), side by side
+// - lib: the root's own items (`TensorArg`, `import`, `export`)
+// - kernel, python, share: the entries (your kernel, the Python module's functions, IPC)
 mod convert;
-mod copy;
 mod error;
 mod export;
 mod ffi;
+mod floor;
 mod import;
 mod kernel;
 mod owner;
@@ -176,7 +187,7 @@ use pyo3::prelude::*;
 use tensorbridge::{Descriptor, Ready, Tensor, TensorRef};
 
 pub use error::{Error, Result};
-pub use export::view::View;
+pub use floor::view::View;
 pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 
 /// Imports any Python tensor or array zero-copy, in the order of the crate docs, as an owned
@@ -193,7 +204,7 @@ pub use kernel::{KernelCall, StreamSource, kernel_call, kernel_call_on};
 /// structs, interface dicts and buffers describe memory their exporter keeps valid, and the
 /// streams they name live as long as the framework requires of its users).
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-    Ok(import::import_tensor(obj, import::Consumer::NONE)?)
+    Ok(import::import_tensor(obj, floor::ready::Consumer::NONE)?)
 }
 
 /// [`import`] for a caller who will use the data on `stream` (DLPack's integer conventions:
@@ -218,7 +229,7 @@ pub unsafe fn import_on_raw(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyRe
     };
     // SAFETY: obligation 1 is `Consumer::assume`'s (0 became 1, the always-live legacy
     // stream).
-    let consumer = unsafe { import::Consumer::assume(stream) }?;
+    let consumer = unsafe { floor::ready::Consumer::assume(stream) }?;
     Ok(import::import_tensor(obj, consumer)?)
 }
 
@@ -260,7 +271,7 @@ pub struct TensorArg<'a, 'py> {
 impl<'a, 'py> TensorArg<'a, 'py> {
     /// Imports `obj` for as long as it is borrowed ([`TensorArg`]).
     pub fn new(obj: Borrowed<'a, 'py, PyAny>) -> Result<TensorArg<'a, 'py>> {
-        let imported = import::import(&obj, import::Consumer::NONE)?;
+        let imported = import::import(&obj, floor::ready::Consumer::NONE)?;
         Ok(TensorArg { obj, imported })
     }
 
@@ -294,8 +305,8 @@ impl<'a, 'py> TensorArg<'a, 'py> {
     /// events) so it may cross threads.
     pub fn to_tensor(&self) -> Result<Tensor> {
         let mut ready = self.imported.ready.clone();
-        if import::needs_settling(&ready, self.imported.desc.device().kind) {
-            ready = import::settled(&self.imported.desc, &ready)?;
+        if floor::ready::needs_settling(&ready, self.imported.desc.device().kind) {
+            ready = floor::ready::settled(&self.imported.desc, &ready)?;
         }
         let owner = self.imported.owner(&self.obj);
         // SAFETY: from_descriptor: the owner holds the pin (`Imported::owner`), which keeps
@@ -306,10 +317,48 @@ impl<'a, 'py> TensorArg<'a, 'py> {
         Ok(unsafe { tensor.with_ready(ready) })
     }
 
-    /// The framework stream the import found for this argument (PyTorch's current stream),
-    /// for `kernel_call`'s choice of stream.
-    pub(crate) fn imported(&self) -> &import::Imported {
-        &self.imported
+    /// An owner that pins this argument's memory (and holds the object), for what must be
+    /// kept past the call.
+    pub(crate) fn owner(&self) -> tensorbridge::Owner {
+        self.imported.owner(&self.obj)
+    }
+
+    /// The current stream of this argument's framework on device `ordinal`, when it has one:
+    /// PyTorch's (read when the argument was imported), CuPy's (asked now).
+    pub(crate) fn framework_stream(
+        &self,
+        ordinal: u32,
+    ) -> Result<Option<floor::stream::FrameworkStream>> {
+        use floor::stream::{Framework, FrameworkStream};
+        use tensorbridge_cuda::StreamLife;
+        if let Some(current) = self.imported.current {
+            return Ok(Some(FrameworkStream {
+                framework: Framework::Torch,
+                stream: current.stream,
+                life: if current.immortal {
+                    StreamLife::Immortal
+                } else {
+                    StreamLife::CallOnly
+                },
+            }));
+        }
+        let obj = self.object();
+        let py = obj.py();
+        if import::route::facts(obj)?.cupy {
+            let device_id = i32::try_from(ordinal).unwrap_or(0);
+            let current = py
+                .import(pyo3::intern!(py, "cupy.cuda"))?
+                .getattr(pyo3::intern!(py, "get_current_stream"))?
+                .call1((device_id,))?;
+            let ptr: usize = current.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
+            let stream = tensorbridge_cuda::stream_from_raw(std::ptr::without_provenance_mut(ptr));
+            return Ok(Some(FrameworkStream {
+                framework: Framework::CuPy,
+                stream,
+                life: StreamLife::KeptBy(owner::KeepAlive::owner(current.unbind(), None)),
+            }));
+        }
+        Ok(None)
     }
 }
 

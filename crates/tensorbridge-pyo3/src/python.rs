@@ -1,16 +1,12 @@
 //! The functions of the `tensorbridge` Python module: `asview` and `from_ptr`.
 
 use pyo3::prelude::*;
-use tensorbridge::{
-    Access, Descriptor, Device, DeviceType, RawTensor, Ready, Stream, StreamConvention,
-    StreamRequest, Tensor, stream_from_wire,
-};
+use tensorbridge::{Access, Descriptor, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
 
-use crate::convert::{
-    current_cuda_ordinal, device_from_py, dtype_from_py, stream_from_py, type_name,
-};
+use crate::convert::{current_cuda_ordinal, device_from_py, dtype_from_py, type_name};
 use crate::error::{Error, Result};
-use crate::export::view::View;
+use crate::floor::stream::StreamArg;
+use crate::floor::view::View;
 use crate::owner::Release;
 
 /// asview(obj, *, stream=None)
@@ -27,9 +23,11 @@ use crate::owner::Release;
 /// the Python call. The producer object is kept alive as long as the view, or anything made
 /// from it, lives.
 ///
-/// ``stream`` is the CUDA stream the caller will use the data on, as an int with DLPack's
-/// conventions: ``-1`` (no synchronisation), ``1`` (legacy default), ``2`` (per-thread
-/// default) or a ``cudaStream_t`` handle; ``0`` raises ValueError. When the call returns,
+/// ``stream`` is the CUDA stream the caller will use the data on, read as every ``stream=``
+/// of tensorbridge reads it: a stream object (``torch.cuda.Stream``, ``cupy.cuda.Stream``,
+/// anything with ``__cuda_stream__``) or an int with DLPack's meanings: ``-1`` (no
+/// synchronisation), ``1`` (legacy default), ``2`` (per-thread default) or a ``cudaStream_t``
+/// handle; ``0`` raises ValueError (ambiguous: pass ``1`` or the stream object). When the call returns,
 /// work the caller enqueues on that stream sees the producer's data (the producer or
 /// tensorbridge made the stream wait on the GPU; the host never blocks). A handle need only
 /// be alive during the call: the view never names it. Host data ignores it. A ROCm producer gets it in ROCm's
@@ -46,11 +44,11 @@ use crate::owner::Release;
 #[pyfunction]
 #[pyo3(signature = (obj, *, stream=None))]
 pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<View> {
-    let stream = stream_from_py(stream)?;
+    let stream = StreamArg::read(stream)?;
     // SAFETY: the Python caller vouches for its stream (the DLPack protocol's contract for
     // `stream`, documented above): live on the data's device for the call. The view never
     // names it (`Consumer`).
-    let consumer = unsafe { crate::import::Consumer::assume(stream) }?;
+    let consumer = unsafe { crate::floor::ready::Consumer::assume_arg(&stream) };
     Ok(View::new(crate::import::import_tensor(obj, consumer)?))
 }
 
@@ -77,10 +75,11 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
 /// on another thread, or when a DLPack consumer drops its tensor); it is not called if
 /// ``from_ptr`` raises.
 ///
-/// ``producer_stream`` is the CUDA stream the PRODUCER is still writing the data on (the
-/// CUDA Array Interface's ``stream`` and conventions: ``None`` when nothing is pending, ``1``
-/// legacy default, ``2`` per-thread default, or a handle alive during the call: an event is
-/// recorded on it at once, and the view names that event, not the stream). Consumers wait for
+/// ``producer_stream`` is the CUDA stream the PRODUCER is still writing the data on, read as
+/// every ``stream=`` of tensorbridge reads it: ``None`` (or ``-1``) when nothing is pending,
+/// ``1`` legacy default, ``2`` per-thread default, a handle or a stream object alive during
+/// the call (an event is recorded on it at once, and the view names that event, not the
+/// stream); ``0`` raises ValueError. Consumers wait for
 /// it on the GPU. It is not ``asview``'s ``stream``, which is the
 /// stream the CONSUMER will read on (DLPack's conventions).
 #[pyfunction]
@@ -162,10 +161,10 @@ fn from_ptr_impl(
     // only after everything that can fail.
     let ready = match ready {
         Ready::Stream(Stream::Handle(_)) | Ready::Stream(Stream::PerThreadDefault) => {
-            crate::import::settled(&desc, &ready)?
+            crate::floor::ready::settled(&desc, &ready)?
         }
-        ready if crate::import::needs_settling(&ready, desc.device().kind) => {
-            crate::import::settled(&desc, &ready)?
+        ready if crate::floor::ready::needs_settling(&ready, desc.device().kind) => {
+            crate::floor::ready::settled(&desc, &ready)?
         }
         ready => ready,
     };
@@ -210,21 +209,16 @@ fn resolve_device(device: Option<&Bound<'_, PyAny>>, addr: usize) -> Result<Devi
     Ok(device)
 }
 
-/// Where the data becomes ready: `producer_stream` read with the CUDA Array Interface's
-/// conventions (`None`: nothing pending); only memory CUDA can reach has streams.
+/// Where the data becomes ready: `producer_stream` read by the one reader ([`StreamArg`]:
+/// `None` and `-1` mean nothing is pending); only memory CUDA can reach has streams.
 fn producer_ready(producer_stream: Option<&Bound<'_, PyAny>>, device: Device) -> Result<Ready> {
-    let stream = stream_from_py(producer_stream)?;
-    if let Some(value) = stream
-        && !device.kind.is_cuda_accessible()
-    {
-        return Err(Error::StreamOnHost { value, device });
+    match StreamArg::read(producer_stream)? {
+        StreamArg::Absent | StreamArg::NoSync => Ok(Ready::Now),
+        StreamArg::Stream { value, .. } if !device.kind.is_cuda_accessible() => {
+            Err(Error::StreamOnHost { value, device })
+        }
+        StreamArg::Stream { stream, .. } => Ok(Ready::Stream(stream)),
     }
-    Ok(
-        match stream_from_wire(StreamConvention::CudaArrayInterface, stream)? {
-            StreamRequest::NoSync => Ready::Now,
-            StreamRequest::Stream(s) => Ready::Stream(s),
-        },
-    )
 }
 
 /// On memory CUDA can reach, asks the driver that the whole span lies in one live allocation

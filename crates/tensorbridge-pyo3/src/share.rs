@@ -12,11 +12,10 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyTuple, PyType};
-use tensorbridge::{Stream, StreamConvention, StreamRequest, stream_from_wire};
 use tensorbridge_cuda::ipc::{self, IpcHandle, Shared};
 
 use crate::View;
-use crate::error::Result;
+use crate::floor::stream::StreamArg;
 
 /// Adds `Handle`, `share` and `open` to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -195,8 +194,10 @@ pub(crate) fn share(py: Python<'_>, obj: &Bound<'_, PyAny>, consumers: u32) -> P
 /// numbers it here). Every framework takes it (``torch.from_dlpack``, ``cupy.asarray``,
 /// ``jax.dlpack.from_dlpack``).
 ///
-/// ``stream`` is the CUDA stream this process uses the data on (``None``: the legacy default
-/// stream; ``1``, or a ``cudaStream_t`` handle that stays alive as long as the view): it waits,
+/// ``stream`` is the CUDA stream this process uses the data on, read as every ``stream=`` of
+/// tensorbridge reads it (``None`` or ``1``: the legacy default stream; ``2``; a
+/// ``cudaStream_t`` handle or a stream object, which must stay alive as long as the view;
+/// ``0`` and ``-1`` raise ValueError): it waits,
 /// on the GPU, for the producer's pending work, and when the last view (or tensor made from
 /// it) is gone, the share is released after the work enqueued there by then has run. Opening
 /// a handle again in this process maps the memory once.
@@ -208,31 +209,16 @@ pub(crate) fn share(py: Python<'_>, obj: &Bound<'_, PyAny>, consumers: u32) -> P
 pub(crate) fn open(
     py: Python<'_>,
     handle: &Bound<'_, PyAny>,
-    stream: Option<i64>,
+    stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<View> {
+    let (consumer, _) = StreamArg::read(stream)?.stream_or_default("open")?;
     let handle = match handle.cast::<Handle>() {
         Ok(h) => h.get().handle.clone(),
         Err(_) => IpcHandle::from_bytes(&bytes_of(handle)?).map_err(crate::Error::from)?,
     };
-    let consumer = consumer_stream(stream)?;
     // SAFETY: the Python caller vouches for its stream handle (documented above, as for
     // `asview`'s `stream`): live, of a primary context, as long as the view and everything
-    // made from it; `None`, 0 and 1 are the always-live legacy default stream.
+    // made from it; `None` and 1 are the always-live legacy default stream.
     let tensor = crate::ffi::exit::detach(py, || unsafe { ipc::import_raw(&handle, consumer) });
     Ok(View::new(tensor.map_err(crate::Error::from)?))
-}
-
-/// The consumer's stream: `None` and `0` (what PyTorch and CuPy call their default stream)
-/// are the legacy default stream; other values read as the CUDA Array Interface reads a
-/// stream (`1`, `2`, handles; negative values refused).
-fn consumer_stream(stream: Option<i64>) -> Result<Stream> {
-    match stream {
-        None | Some(0) => Ok(Stream::LegacyDefault),
-        value => Ok(
-            match stream_from_wire(StreamConvention::CudaArrayInterface, value)? {
-                StreamRequest::Stream(s) => s,
-                StreamRequest::NoSync => Stream::LegacyDefault,
-            },
-        ),
-    }
 }

@@ -23,6 +23,25 @@
 //! | `burn` | `tensorbridge::burn`, `tensorbridge::burn_tensor_crate`, `tensorbridge::burn_flex_crate` | burn's CPU backend (burn-flex) tensors out and in, zero-copy; the burn it is built with |
 //! | `candle` | `tensorbridge::candle`, `tensorbridge::candle_crate` | candle CPU tensors out zero-copy and back as far as candle allows; the candle-core it is built with (CUDA tensors: `tensorbridge-candle`'s `cuda` feature) |
 //!
+//! | `abi3`, `abi3-py39` ... `abi3-py313` | | pyo3's stable-ABI features, forwarded (each turns on `pyo3`) |
+//!
+//! # A PyO3 extension with this one dependency
+//!
+//! pyo3's macros (`#[pyfunction]`, `#[pymodule]`, `#[pyclass]`, `#[pymethods]`) expand to
+//! paths that start with `::pyo3`, which a crate without its own `pyo3` dependency does not
+//! have. Each macro takes the path to use instead: write
+//! `#[pyo3(crate = "tensorbridge::pyo3_crate")]` under it. The stable ABI is a feature of
+//! this crate (`features = ["pyo3", "abi3-py39"]`), forwarded to pyo3. Nothing else is needed:
+//! `crates/tensorbridge-kernel-example` is such a crate, built and tested by CI.
+//!
+//! ```toml
+//! [dependencies]
+//! tensorbridge = { version = "0.1", features = ["pyo3", "abi3-py39"] }
+//! ```
+//!
+//! (Or add `pyo3 = "0.30"` beside it, at the version `pyo3_crate` is, and leave the
+//! attribute out; the two must then be kept in step by hand.)
+//!
 //! The foreign crates the adapters speak are re-exported at the versions the adapters are
 //! built with (`cudarc_crate` is cudarc 0.19 with CUDA 13.0 bindings, `pyo3_crate` is
 //! pyo3 0.30, `ndarray_crate` ndarray 0.17, `candle_crate` candle-core 0.11, `burn_tensor_crate`

@@ -71,6 +71,35 @@ __global__ void fill(T* x, long long n) {
 }
 "#;
 
+/// A `static` kernel with `const` options (a define, fast math): its defines reach NVRTC.
+static STATIC_PUT: Kernel = Kernel::with_options(
+    "extern \"C\" __global__ void put(float* x) { x[0] = (float)(VALUE); }",
+    "put",
+    CompileOptions::new()
+        .defines(&[("VALUE", "3.25")])
+        .fast_math(true),
+);
+
+#[test]
+fn a_static_kernel_with_options_runs() -> Result<()> {
+    let _serial = serial();
+    let ctx = context(0)?;
+    let s = ctx.new_stream()?;
+    let f = STATIC_PUT.function(&s)?;
+    let mut x = s.alloc_zeros::<f32>(1)?;
+    // SAFETY: `put(float*)` writes one float.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&mut x)
+            .launch(LaunchConfig::for_num_elems(1))
+    }?;
+    ensure!(
+        s.clone_dtoh(&x)? == [3.25],
+        "the define did not reach NVRTC"
+    );
+    Ok(())
+}
+
 #[test]
 fn templates_defines_and_generated_sources() -> Result<()> {
     let _serial = serial();

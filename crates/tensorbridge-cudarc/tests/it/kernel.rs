@@ -122,3 +122,64 @@ fn nvrtc_options_take_effect_where_nvrtc_is_found() {
         &shown[..shown.len().min(80)]
     );
 }
+
+/// A kernel with options is a `static`: `Kernel::with_options` and the options' `const`
+/// builders compile in a `static`'s initializer (this test does not build otherwise), and
+/// the options read back as they were given, run-time items after the `const` lists.
+#[test]
+fn a_static_kernel_takes_options() {
+    use tensorbridge_cudarc::{Arch, CompileOptions, Kernel};
+    static SCALE: Kernel = Kernel::with_options(
+        "extern \"C\" __global__ void scale(T* x) { x[0] *= FACTOR; }",
+        "scale",
+        CompileOptions::for_arch(Arch::named("sm_90a"))
+            .defines(&[("T", "float"), ("FACTOR", "2")])
+            .include_paths(&["/opt/kernels"])
+            .options(&["-std=c++17"])
+            .fast_math(true),
+    );
+    assert_eq!(SCALE.name(), "scale");
+    assert_eq!(
+        SCALE.options().nvrtc_options(Some(90)),
+        [
+            "--gpu-architecture=sm_90a",
+            "-DT=float",
+            "-DFACTOR=2",
+            "--include-path=/opt/kernels",
+            "--use_fast_math",
+            "-std=c++17",
+        ]
+    );
+    let both = SCALE
+        .options()
+        .clone()
+        .define("EXTRA", "")
+        .option("-lineinfo");
+    assert_eq!(
+        both.nvrtc_options(None),
+        [
+            "--gpu-architecture=sm_90a",
+            "-DT=float",
+            "-DFACTOR=2",
+            "-DEXTRA",
+            "--include-path=/opt/kernels",
+            "--use_fast_math",
+            "-std=c++17",
+            "-lineinfo",
+        ]
+    );
+    // Part of the cache key: a kernel with other options is another kernel.
+    assert_ne!(both, *SCALE.options());
+    // Where NVRTC is present, the options reach it (the defines make the source compile).
+    if tensorbridge_cudarc::nvrtc_present() {
+        let ptx = tensorbridge_cudarc::ptx_with(
+            "extern \"C\" __global__ void scale(T* x) { x[0] *= FACTOR; }",
+            "scale",
+            &CompileOptions::new()
+                .defines(&[("T", "float"), ("FACTOR", "2")])
+                .arch(Arch::NvrtcDefault),
+        )
+        .unwrap();
+        assert!(ptx.to_src().contains(".entry scale"));
+    }
+}

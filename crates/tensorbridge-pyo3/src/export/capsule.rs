@@ -11,7 +11,7 @@ use tensorbridge_dlpack::dlpark::{legacy, versioned};
 use tensorbridge_dlpack::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 
 use crate::ffi::callback::void_entry;
-use crate::import::capsule::{DLTENSOR, DLTENSOR_VERSIONED};
+use crate::floor::capsule::{DLTENSOR, DLTENSOR_VERSIONED};
 
 /// Wraps an export in a fresh `dltensor_versioned` capsule that owns it.
 pub(crate) fn versioned_capsule<'py>(

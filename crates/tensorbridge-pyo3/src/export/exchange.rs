@@ -43,7 +43,7 @@ use tensorbridge_dlpack::{export_versioned, import_versioned};
 use crate::View;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
-use crate::export::view::refuse_negative_strides;
+use crate::export::refuse_negative_strides;
 use crate::ffi::callback::{python_entry, void_entry};
 
 /// The capsule name DLPack 1.3 gives the table.
@@ -275,8 +275,8 @@ unsafe extern "C" fn managed_tensor_to_py_object_no_sync(
         };
         // Pinned and managed memory: the legacy stream of this thread's current device
         // becomes an event, so the view can cross threads.
-        let t = if crate::import::needs_settling(t.ready(), t.device().kind) {
-            let ready = crate::import::settled(t.descriptor(), t.ready())?;
+        let t = if crate::floor::ready::needs_settling(t.ready(), t.device().kind) {
+            let ready = crate::floor::ready::settled(t.descriptor(), t.ready())?;
             // SAFETY: an event recorded on the stream the readiness named, capturing the same
             // work (`settled`).
             unsafe { t.with_ready(ready) }

@@ -6,7 +6,6 @@ use pyo3::PyTraverseError;
 use pyo3::exceptions::PyAttributeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use tensorbridge::{
     DeviceType, Ready, Stream, StreamConvention, StreamRequest, Tensor, stream_from_wire,
@@ -16,49 +15,14 @@ use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
 use crate::convert::stream_from_py;
-use crate::copy;
 use crate::error::{Error, Result};
 use crate::export::capsule::{legacy_capsule, versioned_capsule};
+use crate::export::copy;
 use crate::export::interfaces::{array_to_py, cai_to_py};
-
-/// A zero-copy view of tensor memory that someone else owns, which keeps that memory (and
-/// the object it came from) alive while the view, or anything made from it, lives.
-///
-/// Made by `tensorbridge.asview` and `tensorbridge.from_ptr` in Python, and by
-/// [`export`](crate::export) in Rust. Immutable: every attribute is fixed at creation.
-///
-/// Also a DLPack C exchange API producer: the type's `__dlpack_c_exchange_api__` (and
-/// `__c_dlpack_exchange_api__`) lets tvm-ffi, dlpark and cuda.core take a view without a
-/// Python call; its `current_work_stream` is the legacy default stream, where the data is
-/// made ready.
-#[pyclass(module = "tensorbridge", name = "View", frozen)]
-pub struct View {
-    tensor: Tensor,
-    /// `__cuda_array_interface__`, built on first access: the view
-    /// is immutable, and consumers such as CuPy and Numba read the dict on every import
-    /// (building it costs more than the rest of their import; measured in
-    /// `benches/python/compare.py`). Each access returns a copy, so a consumer that edits its
-    /// dict cannot change what the next one reads.
-    cai: PyOnceLock<Py<PyDict>>,
-    /// The same for `__array_interface__` (pinned host memory has both).
-    ai: PyOnceLock<Py<PyDict>>,
-}
+use crate::export::refuse_negative_strides;
+use crate::floor::view::View;
 
 impl View {
-    /// A view of `tensor`.
-    pub fn new(tensor: Tensor) -> View {
-        View {
-            tensor,
-            cai: PyOnceLock::new(),
-            ai: PyOnceLock::new(),
-        }
-    }
-
-    /// The tensor this view shows.
-    pub fn tensor(&self) -> &Tensor {
-        &self.tensor
-    }
-
     /// `__dlpack__` with its arguments parsed.
     fn export<'py>(
         &self,
@@ -183,27 +147,6 @@ enum CapsuleFormat {
     /// `DLManagedTensor` in a `"dltensor"` capsule (no `max_version`, or a major of 0): no
     /// version and no flags, so read-only views are refused.
     Legacy,
-}
-
-/// Refuses layouts with a negative stride on a dimension that has more than one element:
-/// torch 2.11's `from_dlpack` aborts the process on them (no exception to catch), and a producer
-/// cannot tell its consumers apart.
-pub(crate) fn refuse_negative_strides(t: &Tensor) -> Result<()> {
-    if t.numel() == 0 {
-        return Ok(());
-    }
-    match t
-        .shape()
-        .iter()
-        .zip(t.strides_elems())
-        .position(|(&n, &s)| n > 1 && s < 0)
-    {
-        Some(dim) => Err(Error::NegativeStrides {
-            dim,
-            stride: t.strides_elems()[dim],
-        }),
-        None => Ok(()),
-    }
 }
 
 /// `(3, 1)`, `(3,)`, `()`, as Python prints tuples.

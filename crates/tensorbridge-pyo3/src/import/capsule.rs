@@ -25,10 +25,9 @@ use tensorbridge_dlpack::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 
 use crate::error::{Error, Result};
 
-pub(crate) const DLTENSOR: &CStr = c"dltensor";
-pub(crate) const USED_DLTENSOR: &CStr = c"used_dltensor";
-pub(crate) const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
-pub(crate) const USED_DLTENSOR_VERSIONED: &CStr = c"used_dltensor_versioned";
+pub(crate) use crate::floor::capsule::{
+    DLTENSOR, DLTENSOR_VERSIONED, USED_DLTENSOR, USED_DLTENSOR_VERSIONED,
+};
 
 /// A managed tensor taken out of a capsule: ours to import or release.
 pub(crate) enum Consumed {

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyType};
 
 use crate::error::Result;
-use crate::export::view::View;
+use crate::floor::view::View;
 use crate::import::exchange::{self, ExchangeApi};
 
 /// How objects of a type are imported.

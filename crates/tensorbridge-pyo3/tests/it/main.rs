@@ -10,8 +10,10 @@
 mod capsules;
 mod import;
 mod kernel;
+mod layers;
 mod python_api;
 mod release;
+mod streams;
 
 use pyo3::prelude::*;
 

@@ -34,6 +34,12 @@ _Device = Union[str, Tuple[int, int], torch.device]
 """A device: "cpu", "cuda", "cuda:N", "cuda_host", "cuda_managed", a torch device, or a DLPack
 (device_type, device_id) tuple."""
 
+_Stream = Optional[Union[int, Any]]
+"""A ``stream=`` argument, read the same way by every function that takes one: ``None``,
+DLPack's integers (``-1`` no synchronisation, ``1`` legacy default, ``2`` per-thread default,
+a handle; ``0`` is refused as ambiguous) or a stream object (``torch.cuda.Stream``,
+``cupy.cuda.Stream``, anything with ``__cuda_stream__``)."""
+
 @final
 class View:
     """A zero-copy view of tensor memory someone else owns; keeps that memory alive."""
@@ -93,9 +99,9 @@ class View:
     def __array_interface__(self) -> dict[str, Any]:
         """NumPy array interface v3 (host views; AttributeError otherwise)."""
 
-def asview(obj: Any, *, stream: Optional[int] = None) -> View:
+def asview(obj: Any, *, stream: _Stream = None) -> View:
     """A zero-copy view of any tensor, array, DLPack capsule or buffer. ``stream``: the
-    CONSUMER's stream (DLPack's conventions)."""
+    CONSUMER's stream (DLPack's integers, ``0`` refused, or a stream object)."""
 
 def from_ptr(
     ptr: int,
@@ -107,11 +113,11 @@ def from_ptr(
     owner: Any = None,
     release: Optional[Callable[[], Any]] = None,
     readonly: bool = False,
-    producer_stream: Optional[int] = None,
+    producer_stream: _Stream = None,
 ) -> View:
     """A view of memory given by its address (CUDA pointers are checked by the driver).
-    ``producer_stream``: the stream the PRODUCER is still writing on (CUDA Array Interface
-    conventions)."""
+    ``producer_stream``: the stream the PRODUCER is still writing on (DLPack's integers,
+    ``None`` or ``-1`` for nothing pending, or a stream object)."""
 
 @final
 class Handle:
@@ -146,7 +152,7 @@ def share(obj: Any, *, consumers: int = 1) -> Handle:
     opened it and every process that did has released it."""
 
 def open(
-    handle: Union[Handle, bytes, bytearray, memoryview], *, stream: Optional[int] = None
+    handle: Union[Handle, bytes, bytearray, memoryview], *, stream: _Stream = None
 ) -> View:
     """A View of a tensor another process shared, on its GPU. ``stream``: the stream this
     process uses the data on (``None``: the legacy default stream)."""

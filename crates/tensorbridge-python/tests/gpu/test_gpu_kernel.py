@@ -106,6 +106,39 @@ def test_axpy_on_the_default_stream_and_stream_zero(torch):
     assert bool(torch.all(y == 2.0))
 
 
+def test_a_failed_launch_names_the_kernel(torch):
+    """A launch the driver refuses (4,096 threads per block) is a RuntimeError that names the
+    kernel and what the driver said; nothing was written."""
+    x = torch.ones(1000, device="cuda")
+    y = torch.ones(1000, device="cuda")
+    with pytest.raises(RuntimeError, match="kernel axpy failed") as info:
+        ext.axpy_unlaunchable(x, y)
+    assert "CUDA_ERROR_INVALID_VALUE" in str(info.value), str(info.value)
+    torch.cuda.synchronize()
+    assert bool(torch.all(y == 1.0))
+
+
+def test_stream_zero_and_stream_objects_on_every_entry(tb, torch):
+    """One reading of ``stream=`` (ARCHITECTURE.md, "Streams from Python"): the int 0 is
+    refused by every entry; the default stream's own object (handle 0) is the legacy default
+    stream, taken by every entry."""
+    default = torch.cuda.current_stream()
+    assert default.cuda_stream == 0
+    x = torch.full((1000,), 2.0, device="cuda")
+    y = torch.ones(1000, device="cuda")
+    for call in (
+        lambda s: tb.asview(x, stream=s),
+        lambda s: tb.from_ptr(x.data_ptr(), (1000,), "float32", owner=x, producer_stream=s),
+        lambda s: ext.axpy_on(0.5, x, y, s),
+    ):
+        with pytest.raises(ValueError, match="stream=0 is ambiguous"):
+            call(0)
+        call(default)
+    torch.cuda.synchronize()
+    assert bool(torch.all(y == 2.0)), y[:8]
+    assert bool(torch.all(torch.from_dlpack(tb.asview(x, stream=1)) == 2.0))
+
+
 def test_cupy_producer_under_its_own_stream(cupy_spin):
     """CuPy: x is filled after ~100 ms on ``with cupy.cuda.Stream()``; axpy runs on CuPy's
     current stream; CuPy copies y on it."""

@@ -239,7 +239,7 @@ pub(crate) unsafe fn on_device(
     if device.kind != DeviceType::Cuda {
         return Err(Error::CannotCopy { device });
     }
-    crate::export::view::refuse_negative_strides(src)?;
+    crate::export::refuse_negative_strides(src)?;
     let span = src.byte_span();
     let len = span.len();
     let (stream, wait) = match consumer {
