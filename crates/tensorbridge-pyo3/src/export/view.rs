@@ -15,6 +15,7 @@ use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
+use crate::access::Provenance;
 use crate::convert::stream_from_py;
 use crate::copy;
 use crate::error::{Error, Result};
@@ -42,21 +43,36 @@ pub struct View {
     cai: PyOnceLock<Py<PyDict>>,
     /// The same for `__array_interface__` (pinned host memory has both).
     ai: PyOnceLock<Py<PyDict>>,
+    /// Why the tensor is read-only, where that changes what the view hands out
+    /// (`crate::access`).
+    provenance: Provenance,
 }
 
 impl View {
-    /// A view of `tensor`.
+    /// A view of `tensor`. A read-only tensor goes out only where its flag goes with it
+    /// (`Provenance::Flagged`): no legacy capsule.
     pub fn new(tensor: Tensor) -> View {
+        View::with_provenance(tensor, Provenance::Flagged)
+    }
+
+    /// A view of `tensor`, read-only for the reason `provenance` gives.
+    pub(crate) fn with_provenance(tensor: Tensor, provenance: Provenance) -> View {
         View {
             tensor,
             cai: PyOnceLock::new(),
             ai: PyOnceLock::new(),
+            provenance,
         }
     }
 
     /// The tensor this view shows.
     pub fn tensor(&self) -> &Tensor {
         &self.tensor
+    }
+
+    /// Why the tensor is read-only (`crate::access`).
+    pub(crate) fn provenance(&self) -> Provenance {
+        self.provenance
     }
 
     /// `__dlpack__` with its arguments parsed.
@@ -68,6 +84,12 @@ impl View {
         requested: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> Result<Bound<'py, PyCapsule>> {
+        // What the producer's `__dlpack__` refuses, this one refuses too (copies as well: the
+        // producer refuses those), whatever flag it would carry: `torch.from_dlpack` ignores
+        // the flag (`crate::access`).
+        if self.provenance == Provenance::Refused {
+            return Err(Error::RequiresGrad);
+        }
         let (exported, copied) = self.prepare_export(py, stream, requested, copy)?;
         if format == CapsuleFormat::Versioned {
             let mut managed = export_versioned(&exported)?;
@@ -78,10 +100,12 @@ impl View {
             }
             Ok(versioned_capsule(py, managed)?)
         } else {
-            if exported.is_readonly() {
+            // A legacy capsule cannot say read-only: it goes out read-only only where the
+            // producer itself hands it out that way (`crate::access`), and then as it would.
+            if !crate::access::flagless_allowed(exported.descriptor(), self.provenance) {
                 return Err(Error::ReadOnlyLegacy);
             }
-            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
+            let managed = export_legacy(&exported, ReadOnlyPolicy::Discard)?;
             Ok(legacy_capsule(py, managed)?)
         }
     }
@@ -181,7 +205,8 @@ enum CapsuleFormat {
     /// `DLManagedTensorVersioned` in a `"dltensor_versioned"` capsule (`max_version >= (1, 0)`).
     Versioned,
     /// `DLManagedTensor` in a `"dltensor"` capsule (no `max_version`, or a major of 0): no
-    /// version and no flags, so read-only views are refused.
+    /// version and no flags, so read-only views are refused, unless their producer hands
+    /// them out that way itself (`crate::access`).
     Legacy,
 }
 
@@ -374,6 +399,14 @@ impl View {
     /// so consumers fall back to DLPack.
     #[getter(__cuda_array_interface__)]
     fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // CAI consumers (CuPy) may ignore `readonly`; the producer's own interface refuses
+        // such a tensor (`crate::access`).
+        if self.provenance == Provenance::Refused {
+            return Err(Error::RequiresGradInterface {
+                interface: "__cuda_array_interface__",
+            }
+            .into());
+        }
         let dict = self.cai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
             let t = &self.tensor;
             let unnamed = matches!(t.ready(), Ready::Signal(s) if s.producer_stream().is_none());
