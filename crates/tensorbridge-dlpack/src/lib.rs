@@ -100,6 +100,15 @@ pub use error::{Error, ImportError};
 pub use export::{ReadOnlyPolicy, borrowed_dltensor, export_legacy, export_versioned};
 pub use import::{Imported, describe_borrowed, import_legacy, import_versioned};
 
+/// Whether `desc` overlaps memory this crate has lent read-only and not had back (the span of
+/// a live export of a read-only tensor, on the same device). A caller that gets memory with
+/// no flag saying whether it may be written (a legacy capsule, a borrowed `DLTensor`) learns
+/// here that it was lent read-only, whoever hands it back; the imports of this crate already
+/// make such memory read-only. One atomic load while no read-only export is alive.
+pub fn lent_readonly(desc: &tensorbridge::Descriptor) -> bool {
+    lent::overlaps_readonly(desc)
+}
+
 // Thread safety of the public types, checked at compile time:
 // - `Imported`: a core `Tensor` (Send + Sync, see the core's list) and plain flags.
 // - `ImportError<M>`: an `Error` (plain data) and the owned managed tensor, whose owner may

@@ -301,6 +301,23 @@ pub enum Error {
         "the view is read-only but a legacy DLPack capsule (asked for without max_version) has no read-only flag (expected max_version=(1, 0) or later, or copy=True)"
     )]
     ReadOnlyLegacy,
+    /// A DLPack export (any version, copies too, and the DLPack C exchange API's) of a view
+    /// of a PyTorch tensor that requires grad: PyTorch's `__dlpack__` refuses the tensor, and
+    /// some DLPack consumers (`torch.from_dlpack`) ignore the read-only flag.
+    #[error(
+        "cannot export a view of a tensor that requires grad: PyTorch's __dlpack__ refuses it, and DLPack consumers that ignore the read-only flag (torch.from_dlpack) would write past autograd (expected tb.asview(tensor.detach()), or np.asarray(view) for read-only host access)"
+    )]
+    RequiresGrad,
+    /// The CUDA Array Interface of a view of a PyTorch tensor that requires grad: PyTorch's
+    /// own interface refuses the tensor (`RuntimeError`), and its consumers may ignore
+    /// `readonly`.
+    #[error(
+        "cannot give the {interface} of a view of a tensor that requires grad: PyTorch's own refuses it, and its consumers may ignore readonly (expected tb.asview(tensor.detach()))"
+    )]
+    RequiresGradInterface {
+        /// The interface asked for.
+        interface: &'static str,
+    },
     /// A copy this crate cannot make.
     #[error(
         "cannot copy memory on {device} (expected cpu or cuda memory; pinned and managed memory copy only to the host; non-contiguous packed sub-byte data does not copy)"
@@ -532,12 +549,14 @@ impl From<Error> for PyErr {
             | Error::CannotCopy { .. }
             | Error::NegativeStrides { .. }
             | Error::ReadOnlyLegacy
+            | Error::RequiresGrad
             | Error::NegativeBit { .. }
             | Error::Exchange { .. }
             | Error::NoFlags { .. } => PyBufferError::new_err(msg),
-            Error::Rebound { .. } | Error::Unpinned { .. } | Error::KernelFailed { .. } => {
-                PyRuntimeError::new_err(msg)
-            }
+            Error::Rebound { .. }
+            | Error::Unpinned { .. }
+            | Error::KernelFailed { .. }
+            | Error::RequiresGradInterface { .. } => PyRuntimeError::new_err(msg),
             Error::CopyTooLarge { .. } | Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
         }
     }

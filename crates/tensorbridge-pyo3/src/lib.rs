@@ -10,7 +10,7 @@
 //! | Python -> a call's argument | [`TensorArg`] (`FromPyObject`) | zero-copy, borrowed for the call: no owner, no `View` | as [`import`] |
 //! | [`Tensor`] -> Python | [`export`] gives a [`View`] | zero-copy | kept in the view; each consumer's stream waits for it on the GPU |
 //! | [`View`] -> DLPack consumer | `view.__dlpack__(stream=, max_version=, dl_device=, copy=)` | zero-copy; a copy for `copy=True` and for `dl_device=(1, 0)` from CUDA (`IS_COPIED`) | the consumer's stream waits (`cuStreamWaitEvent`); the host never blocks, except for the host copy, which the protocol makes synchronous |
-//! | [`View`] -> DLPack C exchange API consumer (tvm-ffi, dlpark, cuda.core) | `type(view).__dlpack_c_exchange_api__` (DLPack 1.3 capsule) or `__c_dlpack_exchange_api__` (1.2 int): `managed_tensor_from_py_object_no_sync` (as `__dlpack__(max_version=(1, 3))`), `dltensor_from_py_object_no_sync` (borrowed; refused for read-only views), `managed_tensor_to_py_object_no_sync` (a managed tensor -> a new [`View`]) | zero-copy, no Python call | `current_work_stream` is NULL (the legacy default stream) for every device; the exports make the legacy default stream wait for the view's producer (GPU-side) |
+//! | [`View`] -> DLPack C exchange API consumer (tvm-ffi, dlpark, cuda.core) | `type(view).__dlpack_c_exchange_api__` (DLPack 1.3 capsule) or `__c_dlpack_exchange_api__` (1.2 int): `managed_tensor_from_py_object_no_sync` (as `__dlpack__(max_version=(1, 3))`, but a view of a tensor that requires grad goes out read-only, as PyTorch's own table exports it), `dltensor_from_py_object_no_sync` (borrowed; refused for read-only views but those whose producer hands them out flagless), `managed_tensor_to_py_object_no_sync` (a managed tensor -> a new [`View`]) | zero-copy, no Python call | `current_work_stream` is NULL (the legacy default stream) for every device; the exports make the legacy default stream wait for the view's producer (GPU-side) |
 //! | [`View`] -> CAI / array interface consumer | `__cuda_array_interface__`, `__array_interface__` | zero-copy | CAI v3 `stream`: the view's producer stream |
 //! | address -> [`View`] | Python `tensorbridge.from_ptr` | zero-copy; on CUDA the driver checks the span | `producer_stream`, the stream the data becomes ready on (`asview`'s `stream` is the consumer's; both read as every `stream=` is, with DLPack's integers) |
 //! | a CUDA tensor -> another process | Python `tensorbridge.share(x)` gives a picklable `Handle`; `tensorbridge.open(handle)` in another process gives a [`View`] (`tensorbridge_cuda::ipc` underneath) | zero-copy across processes (CUDA IPC of the whole allocation, the offset carried) | the producer's pending work is waited for on the consumer's stream through an interprocess event; the producer frees the memory only after every consumer's work on it is done |
@@ -27,7 +27,8 @@
 //!    `__torch_function__`): the table's non-owning `DLTensor`, the memory pinned by a
 //!    reference to the tensor's storage (so rebinding the tensor, `set_`, `.data =`,
 //!    `torch.utils.swap_tensors`, leaves an import's memory alone). A tensor that requires
-//!    grad is read-only; a lazily negated one is refused (`BufferError`); a conjugated one, and
+//!    grad is read-only (and a view of it refuses `__dlpack__` and the CUDA Array Interface,
+//!    as PyTorch does); a lazily negated one is refused (`BufferError`); a conjugated one, and
 //!    any the table fails on, is asked through `__dlpack__`, whose refusal is PyTorch's;
 //! 4. another type's exchange table capsule: its owning export. The DLPack 1.2 int form
 //!    (`__c_dlpack_exchange_api__`) is never dereferenced;
@@ -36,7 +37,8 @@
 //!    `stream=None` (every device takes it); with one, a stream is passed only for device
 //!    memory, after asking `__dlpack_device__`; ROCm producers get ROCm's values. A legacy
 //!    capsule is read-only unless its producer is known to allow writes (NumPy, PyTorch,
-//!    CuPy; JAX and TensorFlow arrays are immutable);
+//!    CuPy; JAX and TensorFlow arrays are immutable), and a view of it goes to legacy
+//!    consumers as the producer's capsule would;
 //! 6. a DLPack capsule itself (`dltensor` or `dltensor_versioned`, renamed `used_*` when
 //!    consumed; a used capsule is refused with `BufferError`); a legacy one is read-only
 //!    unless it is one of our own exports;

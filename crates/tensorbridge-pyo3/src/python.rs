@@ -49,7 +49,11 @@ pub(crate) fn asview(obj: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) 
     // `stream`, documented above): live on the data's device for the call. The view never
     // names it (`Consumer`).
     let consumer = unsafe { crate::floor::ready::Consumer::assume_arg(&stream) };
-    Ok(View::new(crate::import::import_tensor(obj, consumer)?))
+    let mut imported = crate::import::import(obj, consumer)?;
+    crate::import::settle(&mut imported)?;
+    // Why it is read-only travels with the view (`crate::floor::access`).
+    let provenance = imported.provenance;
+    Ok(View::with_provenance(imported.into_tensor(obj), provenance))
 }
 
 /// from_ptr(ptr, shape, dtype, *, strides=None, device=None, owner=None, release=None, readonly=False, producer_stream=None)

@@ -9,8 +9,9 @@ the 15 dtypes they share, the test checks that
 - writes are visible both ways: one through the consumer seen by the producer, one through
   the producer seen by the consumer; JAX and TF are immutable by design: as consumers of a
   writable producer, a third framework that imports the same view writes on their side, and
-  its write must show in both; as producers their views are read-only, nothing writes, and
-  JAX and TF as consumers (which ask for legacy capsules, with no read-only flag) are refused.
+  its write must show in both; as producers their views are read-only and nothing writes;
+  consumers that ask for legacy capsules (TF, JAX before 0.12, NumPy before 2.1) get them, as
+  JAX and TF hand out their own arrays (ARCHITECTURE.md, "The read-only rule").
 
 The only pairs that do not share memory are the ones the frameworks themselves refuse, and
 those are asserted exactly (see ``EXPECTED_REFUSALS``). NumPy bfloat16 (ml_dtypes) has no DLPack
@@ -34,7 +35,7 @@ from frameworks import (
     sample,
     writer_for,
 )
-from tbhelpers import JAX_DLPACK_VERSIONED, NUMPY_DLPACK_VERSIONED, describe_exc, np_take
+from tbhelpers import NUMPY_DLPACK_VERSIONED, describe_exc, np_take
 
 FW_IDS = [f.name for f in HOST_FRAMEWORKS]
 
@@ -45,17 +46,6 @@ FW_IDS = [f.name for f in HOST_FRAMEWORKS]
 EXPECTED_REFUSALS = {
     ("*", "numpy", "bfloat16"): ((RuntimeError, BufferError), "Unsupported dtype"),
 }
-
-
-def legacy_only(c):
-    """Whether consumer ``c`` asks only for legacy DLPack capsules, which cannot carry the
-    read-only flag: TensorFlow, JAX before 0.12 (JAX 0.12 asks for versioned capsules and
-    takes read-only views) and NumPy before 2.1."""
-    return (
-        c.name == "tensorflow"
-        or (c.name == "jax" and not JAX_DLPACK_VERSIONED)
-        or (c.name == "numpy" and not NUMPY_DLPACK_VERSIONED)
-    )
 
 
 def expected_refusal(p, c, dt):
@@ -104,14 +94,11 @@ def test_producer_to_consumer_zero_copy(tb, producer, consumer, dtype):
     x = p.make(values)
     v = tb.asview(x)
 
-    if not p.writable and legacy_only(c):
-        # An immutable producer's view is read-only, and TF, JAX before 0.12 and NumPy before
-        # 2.1 ask for legacy capsules, which cannot carry the flag: refused rather than handed
-        # writable memory (before the consumer looks at the dtype).
-        with pytest.raises(BufferError, match="read-only"):
-            c.consume(v)
-        return
-
+    # An immutable producer's view is read-only; TF, JAX before 0.12 and NumPy before 2.1 ask
+    # for legacy capsules, which cannot carry the flag, and get the one the producer (JAX, TF)
+    # would give them itself.
+    if not p.writable:
+        assert v.readonly
     refusal = expected_refusal(producer, consumer, dtype)
     if refusal is not None:
         exc, text = refusal
@@ -189,10 +176,6 @@ def test_consumer_keeps_memory_after_producer_and_view_are_gone(tb, producer, co
     p, c = require(BY_NAME[producer]), require(BY_NAME[consumer])
     values = sample("float32", (64, 64))
     x = p.make(values)
-    if not p.writable and legacy_only(c):
-        with pytest.raises(BufferError, match="read-only"):
-            c.consume(tb.asview(x))  # see test_producer_to_consumer_zero_copy
-        return
     y = c.consume(tb.asview(x))
     ptr = p.ptr(x)
     del x
@@ -244,13 +227,22 @@ def test_torch_exchange_api_producer(tb):
 def test_torch_requires_grad_is_viewed_read_only(tb):
     """torch refuses to export a tensor that requires grad; a view of it is read-only instead
     (reading it is fine, as C++ extensions and tvm-ffi read nn.Parameter inputs; writing would
-    bypass autograd), and the detached tensor is writable."""
+    bypass autograd), and its ``__dlpack__`` refuses as torch's does, in every version: a
+    versioned capsule's read-only flag would not stop ``torch.from_dlpack``, which ignores it.
+    The detached tensor is writable."""
     torch = pytest.importorskip("torch")
     t = torch.zeros(3, requires_grad=True)
     v = tb.asview(t)
     assert v.readonly and v.ptr == t.data_ptr()
-    with pytest.raises(BufferError, match="read-only"):
-        v.__dlpack__()  # a legacy capsule cannot say read-only
+    for max_version in (None, (1, 3)):
+        with pytest.raises(BufferError, match="requires grad"):
+            v.__dlpack__(max_version=max_version)
+    with pytest.raises(BufferError, match="requires grad"):
+        v.__dlpack__(max_version=(1, 3), copy=True)  # torch refuses its copies too
+    with pytest.raises(BufferError, match="requires grad"):
+        torch.from_dlpack(v)
+    r = np.asarray(v)  # told: NumPy honours the array interface's readonly
+    assert not r.flags.writeable and r.ctypes.data == t.data_ptr()
     w = tb.asview(t.detach())
     assert w.ptr == t.data_ptr() and not w.readonly
 
@@ -269,8 +261,10 @@ def test_tensorflow_dlpack_functions(tb):
     assert v.readonly
     with pytest.raises(TypeError):
         tf.experimental.dlpack.from_dlpack(v)  # not a capsule: TF's own TypeError
-    with pytest.raises(BufferError, match="read-only"):
-        v.__dlpack__()  # a legacy capsule cannot carry the read-only flag
+    # read-only only for want of a flag: it goes back out as the legacy capsule it came as
+    again = tf.experimental.dlpack.from_dlpack(v.__dlpack__())
+    assert BY_NAME["tensorflow"].ptr(again) == v.ptr
+    assert v.__dlpack__(max_version=(1, 3)) is not None  # told read-only where it can be
     # a writable producer's view goes back to TF zero-copy
     a = np.arange(8, dtype=np.float32)
     w = tb.asview(a)

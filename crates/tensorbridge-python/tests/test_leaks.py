@@ -146,8 +146,7 @@ def test_no_leak_jax_and_tensorflow(tb):
         import jax
 
         j = jax.device_put(np.ones(16, np.float32), jax.devices("cpu")[0])
-        # JAX arrays are immutable: their views are read-only, which NumPy takes (JAX and TF
-        # ask for legacy capsules, which cannot say read-only, and are refused)
+        # JAX arrays are immutable: their views are read-only, which NumPy takes
         results["jax"] = (j, lambda: np_take(tb.asview(j)))
     except ImportError:
         pass

@@ -7,7 +7,7 @@
 use std::ptr::NonNull;
 
 use tensorbridge::{DType, RawTensor, Tensor};
-use tensorbridge_dlpack::{export_versioned, import_legacy, import_versioned};
+use tensorbridge_dlpack::{export_versioned, import_legacy, import_versioned, lent_readonly};
 use tensorbridge_testkit::DropCounter;
 
 use crate::producer::{self, Spec};
@@ -46,9 +46,13 @@ fn a_flag_dropped_on_the_way_back_does_not_widen_access() {
     // Other memory is not narrowed.
     let other = Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
     assert!(!foreign_import(&other, &counter).is_readonly());
+    // Callers that get flagless memory some other way ask the same question.
+    assert!(lent_readonly(buffer.descriptor()) && lent_readonly(half.descriptor()));
+    assert!(!lent_readonly(other.descriptor()));
     // Once the export is gone, nothing is lent: the memory's own access again.
     drop(export);
     assert!(!foreign_import(&buffer, &counter).is_readonly());
+    assert!(!lent_readonly(buffer.descriptor()));
     assert_eq!(counter.drops(), 5, "every foreign tensor released once");
 }
 

@@ -166,7 +166,9 @@ unsafe extern "C" fn managed_tensor_allocator(
 
 /// `DLPackManagedTensorFromPyObjectNoSync`: an owning managed tensor of a `View`, the one
 /// `view.__dlpack__(max_version=(1, 3))` makes (zero-copy, `READ_ONLY` for read-only views,
-/// the same refusals), its data ready on the legacy default stream. `*out` is NULL on
+/// the same refusals but one: a view of a tensor that requires grad goes out read-only here,
+/// as PyTorch's own table exports the tensor, where `__dlpack__` refuses it as PyTorch's
+/// does: `crate::floor::access`), its data ready on the legacy default stream. `*out` is NULL on
 /// failure.
 unsafe extern "C" fn managed_tensor_from_py_object_no_sync(
     py_object: *mut c_void,
@@ -197,7 +199,8 @@ unsafe extern "C" fn managed_tensor_from_py_object_no_sync(
 /// view's own descriptor (the view is immutable and its object does not move), valid while
 /// the view lives; data ready on the legacy default stream. Data, device, dtype and
 /// `byte_offset` as the managed export writes them (the offset folded into `data` where the
-/// device has addresses). Refused where the missing flags would lie: read-only and padded
+/// device has addresses). Refused where the missing flags would lie: read-only views (but
+/// those whose producer hands them out without a flag itself, `crate::floor::access`) and padded
 /// sub-byte views; and negative strides, as every export of a view refuses them.
 unsafe extern "C" fn dltensor_from_py_object_no_sync(
     py_object: *mut c_void,
@@ -212,7 +215,7 @@ unsafe extern "C" fn dltensor_from_py_object_no_sync(
         // SAFETY: the caller passes a live object (the header's contract for `py_object`).
         let view = unsafe { view_of(py, py_object, FUNCTION) }?;
         let t = view.get().tensor();
-        if t.is_readonly() {
+        if !crate::floor::access::flagless_allowed(t.descriptor(), view.get().provenance()) {
             return Err(Error::NoFlags {
                 reason: "the view is read-only",
             });

@@ -14,6 +14,7 @@ use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
+use crate::floor::access::Provenance;
 use crate::convert::stream_from_py;
 use crate::error::{Error, Result};
 use crate::export::capsule::{legacy_capsule, versioned_capsule};
@@ -32,6 +33,12 @@ impl View {
         requested: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> Result<Bound<'py, PyCapsule>> {
+        // What the producer's `__dlpack__` refuses, this one refuses too (copies as well: the
+        // producer refuses those), whatever flag it would carry: `torch.from_dlpack` ignores
+        // the flag (`crate::floor::access`).
+        if self.provenance == Provenance::Refused {
+            return Err(Error::RequiresGrad);
+        }
         let (exported, copied) = self.prepare_export(py, stream, requested, copy)?;
         if format == CapsuleFormat::Versioned {
             let mut managed = export_versioned(&exported)?;
@@ -42,10 +49,12 @@ impl View {
             }
             Ok(versioned_capsule(py, managed)?)
         } else {
-            if exported.is_readonly() {
+            // A legacy capsule cannot say read-only: it goes out read-only only where the
+            // producer itself hands it out that way (`crate::floor::access`), and then as it would.
+            if !crate::floor::access::flagless_allowed(exported.descriptor(), self.provenance) {
                 return Err(Error::ReadOnlyLegacy);
             }
-            let managed = export_legacy(&exported, ReadOnlyPolicy::Refuse)?;
+            let managed = export_legacy(&exported, ReadOnlyPolicy::Discard)?;
             Ok(legacy_capsule(py, managed)?)
         }
     }
@@ -145,7 +154,8 @@ enum CapsuleFormat {
     /// `DLManagedTensorVersioned` in a `"dltensor_versioned"` capsule (`max_version >= (1, 0)`).
     Versioned,
     /// `DLManagedTensor` in a `"dltensor"` capsule (no `max_version`, or a major of 0): no
-    /// version and no flags, so read-only views are refused.
+    /// version and no flags, so read-only views are refused, unless their producer hands
+    /// them out that way itself (`crate::floor::access`).
     Legacy,
 }
 
@@ -317,6 +327,14 @@ impl View {
     /// so consumers fall back to DLPack.
     #[getter(__cuda_array_interface__)]
     fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // CAI consumers (CuPy) may ignore `readonly`; the producer's own interface refuses
+        // such a tensor (`crate::floor::access`).
+        if self.provenance == Provenance::Refused {
+            return Err(Error::RequiresGradInterface {
+                interface: "__cuda_array_interface__",
+            }
+            .into());
+        }
         let dict = self.cai.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
             let t = &self.tensor;
             let unnamed = matches!(t.ready(), Ready::Signal(s) if s.producer_stream().is_none());

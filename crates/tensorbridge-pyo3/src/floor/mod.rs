@@ -4,6 +4,7 @@
 //! argument ([`stream`]), the `View` object ([`view`]; its Python methods are the export's)
 //! and reading a Python object's optional attributes.
 
+pub(crate) mod access;
 pub(crate) mod capsule;
 pub(crate) mod ready;
 pub(crate) mod stream;

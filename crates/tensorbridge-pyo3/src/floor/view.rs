@@ -7,6 +7,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 use tensorbridge::Tensor;
 
+use crate::floor::access::Provenance;
+
 /// A zero-copy view of tensor memory that someone else owns, which keeps that memory (and
 /// the object it came from) alive while the view, or anything made from it, lives.
 ///
@@ -28,20 +30,35 @@ pub struct View {
     pub(crate) cai: PyOnceLock<Py<PyDict>>,
     /// The same for `__array_interface__` (pinned host memory has both).
     pub(crate) ai: PyOnceLock<Py<PyDict>>,
+    /// Why the tensor is read-only, where that changes what the view hands out
+    /// (`crate::floor::access`).
+    pub(crate) provenance: Provenance,
 }
 
 impl View {
-    /// A view of `tensor`.
+    /// A view of `tensor`. A read-only tensor goes out only where its flag goes with it
+    /// (`Provenance::Flagged`): no legacy capsule.
     pub fn new(tensor: Tensor) -> View {
+        View::with_provenance(tensor, Provenance::Flagged)
+    }
+
+    /// A view of `tensor`, read-only for the reason `provenance` gives.
+    pub(crate) fn with_provenance(tensor: Tensor, provenance: Provenance) -> View {
         View {
             tensor,
             cai: PyOnceLock::new(),
             ai: PyOnceLock::new(),
+            provenance,
         }
     }
 
     /// The tensor this view shows.
     pub fn tensor(&self) -> &Tensor {
         &self.tensor
+    }
+
+    /// Why the tensor is read-only (`crate::floor::access`).
+    pub(crate) fn provenance(&self) -> Provenance {
+        self.provenance
     }
 }

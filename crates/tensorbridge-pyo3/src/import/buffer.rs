@@ -7,6 +7,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use tensorbridge::{Access, Layout, RawTensor, Ready};
 
+use crate::floor::access::Provenance;
 use crate::convert::dtype_from_format;
 use crate::error::{Error, Result};
 use crate::ffi::{PYBUF_FORMAT, PYBUF_SIMPLE, PYBUF_STRIDES, PYBUF_WRITABLE};
@@ -159,5 +160,6 @@ pub(crate) fn imported(held: Arc<HeldBuffer>) -> Result<Imported> {
         ready: Ready::Now,
         pin: Pin::Owner(held),
         current: None,
+        provenance: Provenance::Flagged,
     })
 }

@@ -10,6 +10,7 @@ use tensorbridge::{
 };
 use tensorbridge_dlpack::{import_legacy, import_versioned};
 
+use crate::floor::access::Provenance;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::import::capsule::{Consumed, consume};
@@ -22,30 +23,41 @@ const MAX_VERSION: (u32, u32) = (1, 3);
 
 /// A consumed DLPack capsule's tensor. `legacy_access` is what a legacy capsule (which has no
 /// read-only flag) grants: read-write only for producers known to hand out writable memory
-/// that way (\[access\]); a versioned capsule says it itself.
+/// that way (\[access\]); a versioned capsule says it itself. A legacy capsule imported
+/// read-only was handed out without a flag by its producer: views of it may be too
+/// (`crate::floor::access::flagless`).
 pub(crate) fn from_capsule(
     capsule: &Bound<'_, PyCapsule>,
     legacy_access: Access,
 ) -> Result<Imported> {
-    let tensor = match consume(capsule)? {
-        // SAFETY:
-        // - 1 and 3: the capsule's producer follows the DLPack contract (the protocol this
-        //   import trusts, as every DLPack consumer does);
-        // - 2: the capsule was renamed `used_*`, so its destructor no longer releases the
-        //   tensor: ownership is ours and passes to the import (a refusal releases it).
-        Consumed::Versioned(m) => unsafe { import_versioned(m) }
-            .map_err(tensorbridge_dlpack::Error::from)?
-            .into_tensor(),
-        // SAFETY: as above.
-        Consumed::Legacy(m) => unsafe { import_legacy(m, legacy_access) }
-            .map_err(tensorbridge_dlpack::Error::from)?
-            .into_tensor(),
+    let (tensor, provenance) = match consume(capsule)? {
+        Consumed::Versioned(m) => {
+            // SAFETY:
+            // - 1 and 3: the capsule's producer follows the DLPack contract (the protocol
+            //   this import trusts, as every DLPack consumer does);
+            // - 2: the capsule was renamed `used_*`, so its destructor no longer releases the
+            //   tensor: ownership is ours and passes to the import (a refusal releases it).
+            let tensor = unsafe { import_versioned(m) }
+                .map_err(tensorbridge_dlpack::Error::from)?
+                .into_tensor();
+            // The producer's own flag says it.
+            (tensor, Provenance::Flagged)
+        }
+        Consumed::Legacy(m) => {
+            // SAFETY: as above.
+            let tensor = unsafe { import_legacy(m, legacy_access) }
+                .map_err(tensorbridge_dlpack::Error::from)?
+                .into_tensor();
+            let provenance = crate::floor::access::flagless(tensor.descriptor());
+            (tensor, provenance)
+        }
     };
     Ok(Imported {
         desc: tensor.descriptor().clone(),
         ready: tensor.ready().clone(),
         pin: Pin::Owner(tensor.owner().clone()),
         current: None,
+        provenance,
     })
 }
 
@@ -107,6 +119,9 @@ pub(crate) fn from_dlpack(
         Access::ReadOnly
     };
     let mut imported = from_capsule(capsule, legacy_access)?;
+    if facts.flagless_readonly {
+        imported.provenance = crate::floor::access::flagless(&imported.desc);
+    }
     if !is_stream_ordered(imported.desc.device().kind) {
         return Ok(imported);
     }
@@ -143,7 +158,7 @@ pub(crate) fn from_dlpack(
 pub(crate) fn from_exchange(
     obj: &Bound<'_, PyAny>,
     api: ExchangeApi,
-    _facts: &TypeFacts,
+    facts: &TypeFacts,
     consumer: Consumer,
 ) -> Result<Imported> {
     let managed = api.managed_tensor(obj)?;
@@ -157,6 +172,11 @@ pub(crate) fn from_exchange(
         ready: Ready::Now,
         pin: Pin::Owner(tensor.owner().clone()),
         current: None,
+        provenance: if facts.flagless_readonly {
+            crate::floor::access::flagless(tensor.descriptor())
+        } else {
+            Provenance::Flagged
+        },
     };
     if is_stream_ordered(imported.desc.device().kind) {
         let (device_type, device_id) = imported.desc.device().to_dlpack()?;

@@ -10,6 +10,7 @@ use tensorbridge_cai::{
     DescrFormat, ImportOptions, TypeKind, TypeStr,
 };
 
+use crate::floor::access::Provenance;
 use crate::convert::{dtype_from_py, type_name};
 use crate::error::{Error, Result};
 use crate::import::{Consumer, Imported, Pin, buffer, order_consumer};
@@ -348,6 +349,7 @@ pub(crate) fn from_cai(
         ready,
         pin: Pin::Caller,
         current: None,
+        provenance: Provenance::Flagged,
     })
 }
 
@@ -392,5 +394,6 @@ pub(crate) fn from_array_interface(
             None => Pin::Caller,
         },
         current: None,
+        provenance: Provenance::Flagged,
     })
 }

@@ -24,7 +24,8 @@
 //! - \[access\] never wider than the producer allows: legacy DLPack capsules are read-only
 //!   unless the producer is known to allow writes (NumPy, PyTorch, CuPy); a PyTorch tensor that
 //!   requires grad is read-only; memory overlapping one of our live read-only exports comes
-//!   back read-only (`tensorbridge-dlpack`);
+//!   back read-only (`tensorbridge-dlpack`); and each import says why it is read-only
+//!   (`crate::floor::access`'s `Provenance`), which decides what a view of it hands out;
 //! - \[ready\] the readiness names only streams that outlive the tensor: default streams,
 //!   PyTorch's pool streams (never destroyed), a stream the pin keeps alive (the CUDA Array
 //!   Interface's exporter's); any other stream becomes an event recorded while it is known to
@@ -52,6 +53,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use tensorbridge::{Descriptor, Owner, Ready, Stream, Tensor};
 
+use crate::floor::access::Provenance;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::floor::view::View;
@@ -83,6 +85,9 @@ pub(crate) struct Imported {
     /// The producer framework's current stream when the import read it (PyTorch's, for CUDA
     /// tensors): what a kernel call runs on, without asking again.
     pub(crate) current: Option<Current>,
+    /// Why the import is read-only, where that changes what a view of it hands out
+    /// (`crate::floor::access`: \[access\]).
+    pub(crate) provenance: Provenance,
 }
 
 /// A framework's current stream, as an import found it.
@@ -158,6 +163,7 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Result<Impor
                 ready: t.ready().clone(),
                 pin: Pin::Owner(t.owner().clone()),
                 current: None,
+                provenance: view.get().provenance(),
             })
         }
         Route::Numpy => match buffer::ndarray(obj)? {

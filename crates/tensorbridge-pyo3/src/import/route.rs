@@ -45,6 +45,11 @@ pub(crate) struct TypeFacts {
     /// read-only ([access]: JAX arrays and TensorFlow tensors are immutable, and the legacy
     /// struct has no flag to say so).
     pub(crate) writable_legacy: bool,
+    /// A producer whose arrays are immutable and which hands them out in legacy capsules
+    /// (no read-only flag) when asked for one: JAX (every version; 0.12 gives versioned
+    /// read-only capsules to consumers that ask for them) and TensorFlow. A read-only view of
+    /// its arrays may be handed out flagless as it would ([access], `crate::floor::access`).
+    pub(crate) flagless_readonly: bool,
 }
 
 /// The protocol methods a subclass may override to change what the table would export.
@@ -153,12 +158,14 @@ fn classify(obj: &Bound<'_, PyAny>) -> Result<Entry> {
     let torch_own = module == "torch" || module.starts_with("torch.");
     let numpy = module == "numpy" || module.starts_with("numpy.");
     let cupy = module == "cupy" || module.starts_with("cupy.");
+    let of = |package: &str| module == package || module.starts_with(&format!("{package}."));
     let mut facts = TypeFacts {
         route: Route::General,
         published: false,
         masked: module.starts_with("numpy.ma"),
         cupy,
         writable_legacy: false,
+        flagless_readonly: of("jax") || of("jaxlib") || of("tensorflow"),
     };
     if obj.is_instance_of::<View>() {
         facts.route = Route::OwnView;

@@ -45,7 +45,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use tensorbridge::{Access, DTypeCode, Descriptor, Ready, Stream};
+use tensorbridge::{DTypeCode, Descriptor, Ready, Stream};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
@@ -115,10 +115,11 @@ fn methods(py: Python<'_>) -> Result<&Methods> {
 /// `__dlpack__` refuses before exporting (a lazily conjugated one): the caller asks
 /// `__dlpack__`, whose refusal is PyTorch's own.
 ///
-/// A tensor that requires grad comes out read-only ([access]: a write would bypass autograd;
-/// reading it, as a kernel's input does, is fine). A lazily negated tensor is refused
-/// ([`Error::NegativeBit`]): its memory holds the negated values, and PyTorch's exports (2.11)
-/// hand that memory over as it is.
+/// A tensor that requires grad comes out read-only, and its views refuse it where PyTorch's
+/// own protocols do (`crate::floor::access::torch`: a write would bypass autograd; reading it, as a
+/// kernel's input does, is fine). A lazily negated tensor is refused ([`Error::NegativeBit`]):
+/// its memory holds the negated values, and PyTorch's exports (2.11) hand that memory over as
+/// it is.
 pub(crate) fn import(
     obj: &Bound<'_, PyAny>,
     api: ExchangeApi,
@@ -133,11 +134,7 @@ pub(crate) fn import(
     } else {
         torch.requires_grad.bind(py).call1((obj,))?
     };
-    let access = if requires_grad.is_truthy()? {
-        Access::ReadOnly
-    } else {
-        Access::ReadWrite
-    };
+    let (access, provenance) = crate::floor::access::torch(requires_grad.is_truthy()?);
     if torch.is_neg.bind(py).call1((obj,))?.is_truthy()? {
         return Err(Error::NegativeBit {
             type_name: type_name(obj),
@@ -174,6 +171,7 @@ pub(crate) fn import(
             ready: Ready::Now,
             pin: Pin::Object(storage.unbind()),
             current: None,
+            provenance,
         };
         if matches!(
             imported.desc.device().kind,

@@ -125,8 +125,13 @@ class GpuFramework:
     # Whether its consumer takes a read-only view (a JAX array's, a tensor that requires
     # grad): it must ask for a versioned capsule (``max_version``), CAI or cuda.core's view,
     # which say read-only; a legacy capsule cannot, and tensorbridge refuses one for a
-    # read-only view (as NumPy refuses its read-only arrays).
+    # read-only view (as NumPy refuses its read-only arrays), unless the producer hands its
+    # read-only arrays out in legacy capsules itself (``flagless``).
     takes_read_only = True
+    # Its arrays are read-only and it hands them out in legacy capsules itself (JAX): views
+    # of them go to legacy consumers as the producer's own capsules would (ARCHITECTURE.md,
+    # "The read-only rule").
+    flagless = False
 
     def available(self):
         try:
@@ -245,6 +250,7 @@ class JaxGpu(GpuFramework):
     # jax.dlpack.from_dlpack calls ``__dlpack__(stream=...)`` without max_version before 0.12
     # (the GPU machine's 0.11.2), with ``max_version=(1, 3)`` from 0.12 (tbhelpers).
     takes_read_only = JAX_DLPACK_VERSIONED
+    flagless = True
 
     @staticmethod
     def device():
@@ -414,13 +420,14 @@ def cupy_spin_kernel(cupy, busy_ms):
     return k, int(20_000_000 / min(ms) * busy_ms)
 
 
-def refused_read_only(consumer, view):
-    """When ``consumer`` cannot take the read-only ``view`` (see ``takes_read_only``), asserts
-    tensorbridge's refusal (``BufferError`` naming the reason and the way out) and returns
-    True; otherwise returns False and the caller consumes the view."""
+def refused_read_only(consumer, view, producer):
+    """When ``consumer`` cannot take the read-only ``view`` of ``producer``'s array (see
+    ``takes_read_only`` and ``flagless``), asserts tensorbridge's refusal (``BufferError``
+    naming the reason and the way out) and returns True; otherwise returns False and the
+    caller consumes the view."""
     import pytest
 
-    if not view.readonly or consumer.takes_read_only:
+    if not view.readonly or consumer.takes_read_only or producer.flagless:
         return False
     with pytest.raises(BufferError, match=r"read-only but a legacy DLPack capsule .*max_version"):
         consumer.consume(view)

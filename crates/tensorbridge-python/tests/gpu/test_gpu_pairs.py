@@ -50,7 +50,7 @@ def test_pair_zero_copy(producer, consumer, record):
     assert v.device == "cuda:0"
     assert v.ptr == p.ptr(x)
     expected = values.view(np_dtype(v.dtype))  # cuda.core's Buffer exports bytes
-    if refused_read_only(c, v):
+    if refused_read_only(c, v, p):
         record(producer=producer, via="asview", consumer=consumer, dtype=v.dtype,
                ptr_equal=None, write_visible=None, note="refused: read-only into a legacy capsule")  # fmt: skip
         return
@@ -197,7 +197,7 @@ def test_dtype_pair(producer, consumer, dtype):
         gc.collect()
         assert v.ptr == p.ptr(x)
         return
-    if refused_read_only(c, v):
+    if refused_read_only(c, v, p):
         return
     y = c.consume(v)
     assert c.ptr(y) == p.ptr(x)
