@@ -10,6 +10,8 @@ directory). Rows whose library is missing say so instead of failing.
 
 Run (GPU machine, the bundle's wheel on PYTHONPATH):
     python3 benches/python/compare.py
+On a machine without a GPU (or with --cpu), the rows that need none: NumPy, torch CPU tensors
+(plain and read-only), tvm-ffi's import and its `testing.nop` with three CPU tensors.
 """
 import json
 import os
@@ -106,9 +108,79 @@ class PlainCAI:
         self._owner = owner
 
 
-def main():
-    import cupy as cp
+def readonly_wrapper(torch):
+    """PyTorch's read-only tensor type (`torch.utils.dlpack.ReadOnlyTensorWrapper`, 2.14 and
+    later), or None."""
+    return getattr(getattr(torch.utils, "dlpack", None), "ReadOnlyTensorWrapper", None)
+
+
+def readonly_rows(torch, t, tvm_ffi):
+    """`tb.asview` of a read-only wrapper of `t` (PyTorch's const exchange table) next to the
+    plain tensor and to tvm-ffi's import of the same wrapper."""
+    wrapper = readonly_wrapper(torch)
+    if wrapper is None:
+        print(f"| tb.asview(ReadOnlyTensorWrapper) | skipped: torch {torch.__version__} has "
+              "no read-only export | | | |")
+        rows.append({"path": "tb.asview(ReadOnlyTensorWrapper)",
+                     "error": f"torch {torch.__version__}: no ReadOnlyTensorWrapper"})
+        return
+    w = wrapper(t)
+    v = tb.asview(w)
+    assert v.readonly and v.ptr == t.data_ptr()
+    row("tb.asview(ReadOnlyTensorWrapper)", lambda: tb.asview(w),
+        "tb.asview(the plain tensor)", lambda: tb.asview(t), target=1.2,
+        note="(the const table's fast path)")
+    if tvm_ffi:
+        row("tb.asview(ReadOnlyTensorWrapper)", lambda: tb.asview(w),
+            "tvm_ffi.from_dlpack(ReadOnlyTensorWrapper)", lambda: tvm_ffi.from_dlpack(w),
+            target=1.0)
+
+
+def main_cpu():
+    """The rows a machine without a GPU can measure."""
     import torch
+
+    print(f"tensorbridge {getattr(tb, '__version__', '?')}, torch {torch.__version__}, "
+          f"numpy {np.__version__}, python {sys.version.split()[0]}")
+    print("device: CPU only")
+    print()
+    print("| path | tensorbridge | peer | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    try:
+        import tvm_ffi
+    except ImportError:
+        tvm_ffi = None
+    a = np.arange(N, dtype=np.float32) + 0.5
+    row("tb.asview(numpy array)", lambda: tb.asview(a),
+        "np.from_dlpack(numpy array)", lambda: np.from_dlpack(a), target=1.2)
+    t = torch.arange(N, dtype=torch.float32) + 0.5
+    assert tb.asview(t).ptr == t.data_ptr()
+    row("tb.asview(torch CPU tensor)", lambda: tb.asview(t),
+        "tvm_ffi.from_dlpack(torch CPU tensor)" if tvm_ffi else "tvm-ffi: not installed",
+        (lambda: tvm_ffi.from_dlpack(t)) if tvm_ffi else None, target=1.0)
+    readonly_rows(torch, t, tvm_ffi)
+    view_t = tb.asview(t)
+    row("torch.from_dlpack(tb view)", lambda: torch.from_dlpack(view_t),
+        "torch.from_dlpack(torch tensor)", lambda: torch.from_dlpack(t), target=1.0)
+    print()
+    three_tensor_rows(torch, device="cpu")
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\nwrote {os.path.join(out, 'compare.json')}")
+
+
+def main():
+    if "--cpu" in sys.argv[1:]:
+        return main_cpu()
+    try:
+        import cupy as cp
+        import torch
+        if not torch.cuda.is_available():
+            raise ImportError("torch sees no GPU")
+    except ImportError as e:
+        print(f"(no GPU row can run here: {e}; the CPU rows follow)")
+        return main_cpu()
 
     print(f"tensorbridge {getattr(tb, '__version__', '?')}, torch {torch.__version__}, "
           f"cupy {cp.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
@@ -133,6 +205,7 @@ def main():
     row("tb.asview(torch tensor)", lambda: tb.asview(t),
         "tvm_ffi.from_dlpack(torch tensor)" if tvm_ffi else "tvm-ffi: not installed",
         (lambda: tvm_ffi.from_dlpack(t)) if tvm_ffi else None, target=1.0)
+    readonly_rows(torch, t, tvm_ffi)
     for label, obj in (("torch tensor", t), ("cupy array", c)):
         peer = (lambda o=obj: smv(o)) if smv else None
         row(f"tb.asview({label})", lambda o=obj: tb.asview(o),
@@ -196,8 +269,9 @@ def main():
     print(f"\nwrote {os.path.join(out, 'compare.json')}")
 
 
-def three_tensor_rows(torch, n=1 << 16):
-    """A PyO3 function of tensorbridge-example taking three torch CUDA tensors borrowed for
+def three_tensor_rows(torch, n=1 << 16, device="cuda"):
+    """A PyO3 function of tensorbridge-example taking three torch tensors (CUDA, or `device`)
+    borrowed for
     the call (`TensorArg`, `nop3`) and owned (`AnyTensor`, `nop3_owned`), next to tvm-ffi's
     `testing.nop` with the same three and dlpark 0.10's own import of them (`dlpark_nop3`);
     each net of its own empty call (`empty()`, `testing.nop()`), all timed alternately in
@@ -208,7 +282,8 @@ def three_tensor_rows(torch, n=1 << 16):
         print(f"three tensors: skipped ({e})")
         rows.append({"path": "three tensors", "error": str(e)})
         return
-    x, y, z = (torch.full((n,), float(i + 1), device="cuda") for i in range(3))
+    x, y, z = (torch.full((n,), float(i + 1), device=device) for i in range(3))
+    kind = "CUDA" if device == "cuda" else device.upper()
     assert ext.nop3(x, y, z) == 3 * n
     paths = {"tensorbridge nop3(x, y, z)": lambda: ext.nop3(x, y, z),
              "tensorbridge nop3_owned(x, y, z)": lambda: ext.nop3_owned(x, y, z),
@@ -239,11 +314,11 @@ def three_tensor_rows(torch, n=1 << 16):
     print("|---|---:|---:|---:|---|")
     if "tvm-ffi testing.nop()" in medians:
         tvm = medians["tvm-ffi testing.nop(x, y, z)"] - medians["tvm-ffi testing.nop()"]
-        record("three torch CUDA tensors, net of an empty call", ours,
+        record(f"three torch {kind} tensors, net of an empty call", ours,
                "tvm-ffi testing.nop, net", tvm, target=1.0)
-        record("three torch CUDA tensors, owned (AnyTensor), net", owned,
+        record(f"three torch {kind} tensors, owned (AnyTensor), net", owned,
                "tvm-ffi testing.nop, net", tvm, note="(informational)")
-    record("three torch CUDA tensors, net of an empty call", ours,
+    record(f"three torch {kind} tensors, net of an empty call", ours,
            "dlpark 0.10 import, net", dlpark, note="(informational)")
 
 

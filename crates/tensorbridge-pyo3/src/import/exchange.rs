@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyType};
 use tensorbridge::Stream;
 use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
@@ -89,6 +90,24 @@ pub(crate) fn lookup(ty: &Bound<'_, PyType>) -> Result<Option<ExchangeApi>> {
     // process"); only C code can make one, and C code is trusted as every DLPack consumer
     // trusts its producers.
     Ok(unsafe { compatible(raw.as_ptr().cast()) }.map(|api| ExchangeApi { api }))
+}
+
+/// Whether `api` is PyTorch's const exchange table (`torch._C._const_dlpack_exchange_api()`,
+/// PyTorch 2.14 and later; its exports are read-only), compared by address with the table
+/// PyTorch names, looked up once. `false` when PyTorch has no such table (2.13 and earlier)
+/// or is not imported.
+pub(crate) fn is_torch_const_table(py: Python<'_>, api: ExchangeApi) -> bool {
+    static CONST: PyOnceLock<Option<usize>> = PyOnceLock::new();
+    let table = CONST.get_or_init(py, || {
+        let modules = py.import("sys").ok()?.getattr("modules").ok()?;
+        let c = modules.get_item("torch._C").ok()?;
+        let capsule = c.getattr("_const_dlpack_exchange_api").ok()?.call0().ok()?;
+        let capsule = capsule.cast::<PyCapsule>().ok()?;
+        let raw = capsule.pointer_checked(Some(CAPSULE_NAME)).ok()?;
+        // SAFETY: as in `lookup`: a capsule of this name holds a producer's static table.
+        unsafe { compatible(raw.as_ptr().cast()) }.map(|t| t.as_ptr() as usize)
+    });
+    *table == Some(api.api.as_ptr() as usize)
 }
 
 /// A producer's exception with C++ frames cut off: PyTorch's C++ errors carry the

@@ -45,6 +45,7 @@ pub(crate) mod dlpack;
 pub(crate) mod exchange;
 pub(crate) mod interfaces;
 pub(crate) mod route;
+pub(crate) mod shim;
 pub(crate) mod torch;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -170,7 +171,7 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Result<Impor
             Some(imported) => Ok(imported),
             None => general(obj, &facts, consumer),
         },
-        Route::Torch(api) => match torch::import(obj, api, consumer) {
+        Route::Torch(api, table) => match torch::import(obj, api, table, consumer) {
             Ok(Some(imported)) => Ok(imported),
             // Not through the table (a conjugated tensor): `__dlpack__` says why.
             Ok(None) => general(obj, &facts, consumer),

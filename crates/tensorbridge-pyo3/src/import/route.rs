@@ -21,12 +21,22 @@ pub(crate) enum Route {
     /// general way.
     Numpy,
     /// PyTorch's tensors, through the table's non-owning `DLTensor` with the storage pinned
-    /// (`import::torch`).
-    Torch(ExchangeApi),
+    /// (`import::torch`); which of PyTorch's tables the type publishes.
+    Torch(ExchangeApi, TorchTable),
     /// Another producer's exchange table: its owning export.
     Exchange(ExchangeApi),
     /// The protocols one by one (`__dlpack__`, a capsule, the interfaces, the buffer).
     General,
+}
+
+/// Which of PyTorch's exchange tables a type publishes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum TorchTable {
+    /// `torch.Tensor`'s own.
+    Ordinary,
+    /// The const table (PyTorch 2.14 and later, `torch._C._const_dlpack_exchange_api()`),
+    /// which `torch.utils.dlpack.ReadOnlyTensorWrapper` publishes: its exports are read-only.
+    ReadOnly,
 }
 
 /// What an import knows about `type(obj)`.
@@ -192,7 +202,12 @@ fn classify(obj: &Bound<'_, PyAny>) -> Result<Entry> {
     match api {
         Some(api) if !overridden => {
             facts.route = if torch_table {
-                Route::Torch(api)
+                let table = if exchange::is_torch_const_table(obj.py(), api) {
+                    TorchTable::ReadOnly
+                } else {
+                    TorchTable::Ordinary
+                };
+                Route::Torch(api, table)
             } else {
                 Route::Exchange(api)
             };

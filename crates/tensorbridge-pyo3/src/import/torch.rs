@@ -27,6 +27,21 @@
 //! ([`Error::Rebound`]), never pinned; nothing falls back to an owner that holds only the
 //! tensor (`__dlpack__`'s), which a later rebinding would defeat.
 //!
+//! # The storage through PyTorch's C shim
+//! Where the shim is verified for this PyTorch (`import::shim`) and no `TorchFunctionMode` is
+//! on, the same pin and check are made in C, with no Python call: the `DLTensor` is read, then
+//! a storage alias of the tensor made (an `at::Tensor` of our own holding the `StorageImpl`),
+//! and the alias's storage must hold the span. No Python code runs between the two (the shim
+//! runs none and keeps the GIL), so the alias holds the storage the table read from; the check
+//! stays. Under a mode the questions go through Python, where the mode sees them.
+//!
+//! # PyTorch's const table
+//! `ReadOnlyTensorWrapper` (PyTorch 2.14) publishes a const table whose exports are read-only
+//! ([`TorchTable::ReadOnly`]) and answers every torch function, PyTorch's C getters
+//! included, with an error. Its tensors come out read-only (`requires_grad` is not asked) and
+//! its questions are asked with subclass torch-function handling off
+//! (`torch._C.DisableTorchFunctionSubclass`).
+//!
 //! The other questions (`requires_grad`, `is_neg()`, `is_conj()`) go to PyTorch's C
 //! implementations the same way, so a subclass's Python override is not asked. A mode may
 //! still answer them; a lie there changes what the values mean (a sign, a conjugate, a write
@@ -45,11 +60,13 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use tensorbridge::{DTypeCode, Descriptor, Ready, Stream};
+use tensorbridge::{Access, DTypeCode, Descriptor, Ready, Stream};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
 use crate::import::exchange::ExchangeApi;
+use crate::import::route::TorchTable;
+use crate::import::shim;
 use crate::import::{Consumer, Current, Imported, Pin, order_consumer};
 
 /// How often the import starts over when the storage does not hold the span.
@@ -75,6 +92,8 @@ struct Methods {
     untyped: Py<PyType>,
     /// `torch.Tensor`, whose `requires_grad` is `TensorBase`'s getter (it defines none).
     tensor: Py<PyType>,
+    /// `torch._C.DisableTorchFunctionSubclass`.
+    subclasses_off: Py<PyAny>,
 }
 
 /// [`Methods`], looked up the first time a PyTorch tensor is imported (PyTorch is imported
@@ -107,6 +126,9 @@ fn methods(py: Python<'_>) -> Result<&Methods> {
                 .getattr(pyo3::intern!(py, "Tensor"))?
                 .cast_into::<PyType>()?
                 .unbind(),
+            subclasses_off: c
+                .getattr(pyo3::intern!(py, "DisableTorchFunctionSubclass"))?
+                .unbind(),
         })
     })?)
 }
@@ -116,49 +138,86 @@ fn methods(py: Python<'_>) -> Result<&Methods> {
 /// `__dlpack__`, whose refusal is PyTorch's own.
 ///
 /// A tensor that requires grad comes out read-only, and its views refuse it where PyTorch's
-/// own protocols do (`crate::floor::access::torch`: a write would bypass autograd; reading it, as a
-/// kernel's input does, is fine). A lazily negated tensor is refused ([`Error::NegativeBit`]):
-/// its memory holds the negated values, and PyTorch's exports (2.11) hand that memory over as
-/// it is.
+/// own protocols do (`crate::floor::access::torch`: a write would bypass autograd; reading it,
+/// as a kernel's input does, is fine), and every tensor of a type that publishes PyTorch's
+/// const table comes out read-only ([`TorchTable::ReadOnly`]: `ReadOnlyTensorWrapper`, whose
+/// own `__dlpack__` exports read-only, with the flag). A lazily negated tensor is refused
+/// ([`Error::NegativeBit`]): its memory holds the negated values, and PyTorch's exports (2.11)
+/// hand that memory over as it is.
+///
+/// The storage is pinned and checked through PyTorch's C shim when it is verified for this
+/// PyTorch and no `TorchFunctionMode` is on (`import::shim`), else through Python.
 pub(crate) fn import(
     obj: &Bound<'_, PyAny>,
     api: ExchangeApi,
+    table: TorchTable,
     consumer: Consumer,
 ) -> Result<Option<Imported>> {
     let py = obj.py();
     let torch = methods(py)?;
-    // Exactly `torch.Tensor`: the attribute is `TensorBase`'s getter (cheaper than calling
-    // it); a subclass may define its own, so its getter is called directly.
-    let requires_grad = if obj.get_type().is(torch.tensor.bind(py)) {
-        obj.getattr(pyo3::intern!(py, "requires_grad"))?
-    } else {
-        torch.requires_grad.bind(py).call1((obj,))?
+    // `ReadOnlyTensorWrapper` answers every torch function with an error, PyTorch's C
+    // getters included (they ask the subclass's `__torch_function__` first): its questions
+    // are asked with subclass handling off, as PyTorch's C++ would read the tensor.
+    let _off = match table {
+        TorchTable::ReadOnly => Some(SubclassesOff::enter(torch, py)?),
+        TorchTable::Ordinary => None,
     };
-    let (access, provenance) = crate::floor::access::torch(requires_grad.is_truthy()?);
+    let (access, provenance) = match table {
+        // Read-only whatever `requires_grad` says (not asked): PyTorch exports such a tensor
+        // read-only, with the flag.
+        TorchTable::ReadOnly => (Access::ReadOnly, crate::floor::access::Provenance::Flagged),
+        TorchTable::Ordinary => {
+            // Exactly `torch.Tensor`: the attribute is `TensorBase`'s getter (cheaper than
+            // calling it); a subclass may define its own, so its getter is called directly.
+            let requires_grad = if obj.get_type().is(torch.tensor.bind(py)) {
+                obj.getattr(pyo3::intern!(py, "requires_grad"))?
+            } else {
+                torch.requires_grad.bind(py).call1((obj,))?
+            };
+            crate::floor::access::torch(requires_grad.is_truthy()?)
+        }
+    };
     if torch.is_neg.bind(py).call1((obj,))?.is_truthy()? {
         return Err(Error::NegativeBit {
             type_name: type_name(obj),
         });
     }
+    let shim = shim::shim(py).filter(|shim| !shim.mode_on());
     for _ in 0..ATTEMPTS {
-        let storage = torch.untyped_storage.bind(py).call1((obj,));
-        // A table error (a sparse, quantized or meta tensor, which has no storage either)
-        // goes to the caller, which asks `__dlpack__` for PyTorch's own message.
-        let Some(dl) = api.dltensor(obj)? else {
-            return Ok(None);
+        let step = match shim {
+            Some(shim) => pin_in_c(obj, api, access, shim, torch.tensor.bind(py))?,
+            None => Step::Unreached,
         };
-        // SAFETY: `dl`'s shape and strides are the tensor's own arrays, unchanged while the
-        // tensor is and no Python code runs: read right here, with nothing in between.
-        let desc = unsafe { tensorbridge_dlpack::describe_borrowed(&dl, api.version(), access) }?;
-        // The table exported it, yet no storage came: refused, not handed to `__dlpack__`,
-        // whose owner would hold only the tensor.
-        let storage = storage.map_err(|e| Error::Unpinned {
-            type_name: type_name(obj),
-            cause: e.to_string(),
-        })?;
-        if !holds(torch, &storage, &desc) {
-            continue;
-        }
+        let (desc, pin) = match step {
+            Step::Pinned(desc, pin) => (desc, pin),
+            Step::NoTable => return Ok(None),
+            Step::Outside => continue,
+            // The shim could not reach the storage: Python is asked, for PyTorch's own answer.
+            Step::Unreached => {
+                let storage = torch.untyped_storage.bind(py).call1((obj,));
+                // A table error (a sparse, quantized or meta tensor, which has no storage
+                // either) goes to the caller, which asks `__dlpack__` for PyTorch's own
+                // message.
+                let Some(dl) = api.dltensor(obj)? else {
+                    return Ok(None);
+                };
+                // SAFETY: `dl`'s shape and strides are the tensor's own arrays, unchanged
+                // while the tensor is and no Python code runs: read right here, with nothing
+                // in between.
+                let desc =
+                    unsafe { tensorbridge_dlpack::describe_borrowed(&dl, api.version(), access) }?;
+                // The table exported it, yet no storage came: refused, not handed to
+                // `__dlpack__`, whose owner would hold only the tensor.
+                let storage = storage.map_err(|e| Error::Unpinned {
+                    type_name: type_name(obj),
+                    cause: e.to_string(),
+                })?;
+                if !holds(torch, &storage, &desc) {
+                    continue;
+                }
+                (desc, Pin::Object(storage.unbind()))
+            }
+        };
         // Only complex tensors carry the conjugate bit (PyTorch: `is_conj()` is false for
         // every other dtype), so only they pay for the question.
         if desc.dtype().code() == DTypeCode::Complex
@@ -169,7 +228,7 @@ pub(crate) fn import(
         let mut imported = Imported {
             desc,
             ready: Ready::Now,
-            pin: Pin::Object(storage.unbind()),
+            pin,
             current: None,
             provenance,
         };
@@ -192,6 +251,77 @@ pub(crate) fn import(
     })
 }
 
+/// One attempt at the storage through the shim.
+#[allow(clippy::large_enum_variant)] // Returned once per attempt, moved out at once: no box.
+enum Step {
+    /// Read, and pinned by a storage that holds the span.
+    Pinned(Descriptor, Pin),
+    /// The table could not export it: the caller asks `__dlpack__`.
+    NoTable,
+    /// The storage does not hold the span: a rebinding slipped in; read again.
+    Outside,
+    /// The shim could not reach the storage (or there is no shim): asked through Python.
+    Unreached,
+}
+
+/// Reads `obj` through the table and pins its storage through the shim (see the module docs).
+fn pin_in_c(
+    obj: &Bound<'_, PyAny>,
+    api: ExchangeApi,
+    access: Access,
+    shim: &shim::Shim,
+    tensor: &Bound<'_, PyType>,
+) -> Result<Step> {
+    let Some(dl) = api.dltensor(obj)? else {
+        return Ok(Step::NoTable);
+    };
+    // SAFETY: `dl`'s shape and strides are the tensor's own arrays, unchanged while the tensor
+    // is and no Python code runs: read right here.
+    let desc = unsafe { tensorbridge_dlpack::describe_borrowed(&dl, api.version(), access) }?;
+    // No Python code ran since the read (the shim's calls run none and keep the GIL): the
+    // alias holds the storage the table read from, checked all the same.
+    let Some(alias) = shim.alias(obj, tensor) else {
+        return Ok(Step::Unreached);
+    };
+    let held = shim
+        .storage(&alias)
+        .is_some_and(|span| span_inside(&desc, span.base, span.len));
+    Ok(if held {
+        Step::Pinned(desc, Pin::Owner(std::sync::Arc::new(alias)))
+    } else {
+        Step::Outside
+    })
+}
+
+/// PyTorch's torch-function handling for subclasses turned off on this thread
+/// (`torch._C.DisableTorchFunctionSubclass`, entered), restored when dropped.
+struct SubclassesOff<'py> {
+    guard: Bound<'py, PyAny>,
+}
+
+impl<'py> SubclassesOff<'py> {
+    fn enter(torch: &Methods, py: Python<'py>) -> Result<SubclassesOff<'py>> {
+        let guard = torch.subclasses_off.bind(py).call0()?;
+        guard.call_method0(pyo3::intern!(py, "__enter__"))?;
+        Ok(SubclassesOff { guard })
+    }
+}
+
+impl Drop for SubclassesOff<'_> {
+    fn drop(&mut self) {
+        let py = self.guard.py();
+        let none = py.None();
+        // Restoring a thread-local cannot fail; were it to raise, the error is not this
+        // import's: it is reported as unraisable rather than lost or raised later.
+        if let Err(e) = self
+            .guard
+            .call_method1(pyo3::intern!(py, "__exit__"), (&none, &none, &none))
+        {
+            e.write_unraisable(py, Some(&self.guard));
+        }
+    }
+}
+
 /// Whether `storage` is a real PyTorch storage whose bytes hold all of `desc`'s span
 /// (\[owner\], \[span\]): read by `torch._C.StorageBase`'s own methods, which raise
 /// `TypeError` for anything that is not one (then: no). A tensor without elements reaches no
@@ -211,6 +341,12 @@ fn holds(torch: &Methods, storage: &Bound<'_, PyAny>, desc: &Descriptor) -> bool
     let (Some(base), Some(len)) = (read(&torch.data_ptr), len) else {
         return false;
     };
+    span_inside(desc, base, len)
+}
+
+/// Whether the `len` bytes from `base` (a storage's) hold all of `desc`'s span. A tensor
+/// without elements reaches no byte; a device without addresses cannot be compared (no).
+fn span_inside(desc: &Descriptor, base: usize, len: usize) -> bool {
     if desc.numel() == 0 {
         return true;
     }
