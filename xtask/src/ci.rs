@@ -115,6 +115,10 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
     // The sharing path through the stand-in CUDA driver (a GPU-less machine's only way to
     // run it): tensorbridge-cuda's driver tests.
     crate::standin::run,
+    // Instructions per conversion (valgrind's cachegrind) against the committed limits in
+    // benches/icount.txt: a conversion that got dearer fails here, on a machine without a
+    // GPU (docs/TESTING.md, "The instruction-count gate").
+    crate::icount::gate,
 ];
 
 struct Options {

@@ -11,6 +11,7 @@ mod ci;
 mod cuda_toolkit;
 mod demo;
 mod fuzz;
+mod icount;
 mod release;
 mod standin;
 mod tch_range;
@@ -60,12 +61,19 @@ tasks:
       binary (-- --nocapture).
   bench [-- ARGS...]
       cargo bench -p tensorbridge-benches with the CPU groups (tch included, with the
-      venv's libtorch); ARGS go to criterion (-- --quick).
+      venv's libtorch); ARGS go to criterion (-- --quick). Then one table of the
+      conversions against their peers (benches/python/table.py), printed and written
+      into docs/BENCHMARKS.md between the latest-run markers.
   demo [--rust-only] [-- ARGS...]
       The main job: hand a buffer through every Rust adapter (release build), then through
       every Python framework in the managed environment (.venv, made when missing; the
       wheel built and installed), on the GPU when there is one; each prints a table of what
       was shared zero-copy (pointer and write checked) and the time per conversion.
+  icount [--update]
+      The instruction-count gate (ci runs it): each conversion of the harness
+      benches/src/bin/icount.rs (release) under valgrind's cachegrind, its instructions
+      per conversion against the limits in benches/icount.txt; fails when one is over.
+      --update measures and rewrites the file (baseline = the count, limit = +10%).
   fuzz [--time SECS] [validate|cai|dlpack|own_export|array_interface ...]
       Run the libFuzzer targets of fuzz/ (cargo-fuzz on nightly, both installed when
       missing), each SECS seconds (default 60), growing fuzz/corpus/<target>; print the
@@ -104,6 +112,7 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "demo" => demo::run(rest),
         "fuzz" => fuzz::run(rest),
+        "icount" => icount::run(rest),
         "venv" => venv_task(rest),
         "test-threads" => threads::run(rest),
         "test-standin" => standin::task(rest),

@@ -239,23 +239,36 @@ impl Parts<'_> {
             check_descr(descr, self.typestr)?;
         }
         let dtype = self.typestr.to_dtype(options)?;
-        let strides = match self.strides {
+        // Element strides on the stack up to 8 dimensions (a vector per import before:
+        // its allocation and release were a sixth of the import's instructions), checked
+        // with the shape and the memory in one call that copies them once, into the
+        // descriptor (docs/BENCHMARKS.md, "Conversions at the metadata floor").
+        let mut inline = [0i64; 8];
+        let spilled: Vec<i64>;
+        let strides: Option<&[i64]> = match self.strides {
             None => None,
             Some(bytes) => {
                 // Whole bytes: `to_dtype` never yields packed sub-byte types.
                 let itemsize = usize::try_from(padded_itemsize(dtype)).unwrap_or(usize::MAX);
-                Some(Layout::strides_from_bytes(bytes, itemsize)?)
+                if let Some(out) = inline.get_mut(..bytes.len()) {
+                    Layout::strides_from_bytes_into(bytes, itemsize, out)?;
+                    Some(&*out)
+                } else {
+                    spilled = Layout::strides_from_bytes(bytes, itemsize)?;
+                    Some(&spilled)
+                }
             }
         };
-        let layout = Layout::new(self.shape, strides.as_deref(), byte_offset)?;
         // `Padded`: one byte per fp6/fp4 element, as ml_dtypes stores them behind `<V1`;
         // the core ignores it for whole-byte dtypes.
-        Ok(Descriptor::new(
+        Ok(Descriptor::from_slices(
             data,
             device,
             dtype,
             Packing::Padded,
-            layout,
+            self.shape,
+            strides,
+            byte_offset,
             access,
         )?)
     }

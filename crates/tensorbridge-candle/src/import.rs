@@ -7,6 +7,9 @@ use candle_core::{CpuStorage, Storage};
 use tensorbridge::{Access, Descriptor, Device, RawTensor, Ready, Tensor, TensorRef};
 
 use crate::Error;
+
+/// Dimensions converted for the core, inline up to rank 8.
+type Dims = smallvec::SmallVec<[i64; 8]>;
 use crate::dtype::dtype_of_candle;
 
 /// The owner of an imported tensor: a clone of the candle tensor (an `Arc`), which keeps its
@@ -64,16 +67,18 @@ pub(crate) fn describe(
     let layout = tensor.layout();
     let dtype = dtype_of_candle(tensor.dtype())?;
     let overflow = |what| tensorbridge::Error::Overflow { what };
+    // On the stack up to 8 dimensions: two heap vectors per import were a third of its
+    // instructions (docs/BENCHMARKS.md, "Conversions at the metadata floor").
     let shape = layout
         .dims()
         .iter()
         .map(|&n| i64::try_from(n).map_err(|_| overflow("extent")))
-        .collect::<Result<Vec<i64>, _>>()?;
+        .collect::<Result<Dims, _>>()?;
     let strides = layout
         .stride()
         .iter()
         .map(|&s| i64::try_from(s).map_err(|_| overflow("stride")))
-        .collect::<Result<Vec<i64>, _>>()?;
+        .collect::<Result<Dims, _>>()?;
     // candle promises that its layout lies inside its storage; a tensor is a promise to every
     // consumer, so check it (u128: cannot overflow).
     let start = layout.start_offset() as u128;

@@ -238,7 +238,14 @@ impl DType {
     /// A dtype from its parts, checked against the rules of its code.
     #[inline]
     pub fn new(code: DTypeCode, bits: u8, lanes: u16) -> Result<Self, Error> {
-        if !code.allowed_bits().contains(&bits) {
+        // A scan, not `contains`: on `[u8]` that is a `memchr` call, dearer than the few
+        // comparisons of these short lists (measured: docs/BENCHMARKS.md, "Conversions at
+        // the metadata floor").
+        #[allow(
+            clippy::manual_contains,
+            reason = "`contains` on `[u8]` calls `memchr`: a library call per validation"
+        )]
+        if !code.allowed_bits().iter().any(|&b| b == bits) {
             return Err(Error::InvalidBits {
                 code,
                 bits,

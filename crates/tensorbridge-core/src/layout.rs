@@ -88,8 +88,8 @@ impl Layout {
         facts: Facts,
     ) -> Layout {
         Layout {
-            shape: SmallVec::from_slice(shape),
-            strides: SmallVec::from_slice(strides),
+            shape: dims_from_slice(shape),
+            strides: dims_from_slice(strides),
             byte_offset,
             numel: facts.numel,
             reach: facts.reach,
@@ -339,22 +339,50 @@ impl Layout {
     /// The inverse of multiplying by the item size; used by the CUDA Array Interface and
     /// NumPy adapters, whose strides count bytes.
     pub fn strides_from_bytes(strides_bytes: &[i64], itemsize: usize) -> Result<Vec<i64>, Error> {
+        let mut out = vec![0; strides_bytes.len()];
+        Layout::strides_from_bytes_into(strides_bytes, itemsize, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Layout::strides_from_bytes`] into `out` (of the same length as `strides_bytes`),
+    /// so that a caller converts into a buffer of its own (on the stack) instead of a new
+    /// vector per conversion. Power-of-two item sizes divide by a shift. Fails with
+    /// [`Error::RankMismatch`] (`shape`: the room in `out`) when the lengths differ.
+    pub fn strides_from_bytes_into(
+        strides_bytes: &[i64],
+        itemsize: usize,
+        out: &mut [i64],
+    ) -> Result<(), Error> {
+        if out.len() != strides_bytes.len() {
+            return Err(Error::RankMismatch {
+                shape: out.len(),
+                strides: strides_bytes.len(),
+            });
+        }
         let size = i64::try_from(itemsize).map_err(|_| Error::Overflow { what: "item size" })?;
-        strides_bytes
-            .iter()
-            .enumerate()
-            .map(|(dim, &b)| {
-                if size == 0 || b % size != 0 {
-                    Err(Error::StrideNotMultiple {
-                        dim,
-                        stride_bytes: b,
-                        itemsize,
-                    })
-                } else {
-                    Ok(b / size)
+        let not_multiple = |dim, stride_bytes| Error::StrideNotMultiple {
+            dim,
+            stride_bytes,
+            itemsize,
+        };
+        if size > 0 && size.count_ones() == 1 {
+            let (mask, shift) = (size - 1, size.trailing_zeros());
+            for (dim, (&b, o)) in strides_bytes.iter().zip(out.iter_mut()).enumerate() {
+                if b & mask != 0 {
+                    return Err(not_multiple(dim, b));
                 }
-            })
-            .collect()
+                // Exact: `b` is a multiple of `size`, and the shift is arithmetic.
+                *o = b >> shift;
+            }
+            return Ok(());
+        }
+        for (dim, (&b, o)) in strides_bytes.iter().zip(out.iter_mut()).enumerate() {
+            if size == 0 || b % size != 0 {
+                return Err(not_multiple(dim, b));
+            }
+            *o = b / size;
+        }
+        Ok(())
     }
 }
 
@@ -431,6 +459,25 @@ impl Facts {
             reach: (lo, hi),
         })
     }
+}
+
+/// `dims` as [`Dims`]: up to [`INLINE_DIMS`], a fixed-length copy into the inline buffer.
+///
+/// `SmallVec::from_slice` copies through a `memcpy` call of variable length (a library call
+/// per vector, two per descriptor built, ~11 instructions each plus the call); a loop over
+/// the whole fixed buffer compiles to a few vector moves instead.
+#[inline]
+fn dims_from_slice(dims: &[i64]) -> Dims {
+    if dims.len() > INLINE_DIMS {
+        return SmallVec::from_slice(dims);
+    }
+    let mut buf = [0i64; INLINE_DIMS];
+    for (i, slot) in buf.iter_mut().enumerate() {
+        if let Some(&v) = dims.get(i) {
+            *slot = v;
+        }
+    }
+    SmallVec::from_buf_and_len(buf, dims.len())
 }
 
 /// `strides`, or, when absent (DLPack's NULL, CAI's None), the compact row-major strides of
@@ -660,6 +707,61 @@ mod tests {
                 dim: 1,
                 stride_bytes: 6,
                 itemsize: 4
+            })
+        );
+    }
+
+    /// The shift for power-of-two item sizes and the division for the others agree with
+    /// plain division, remainders and errors included, negative strides too.
+    #[test]
+    fn strides_from_bytes_into_matches_reference() {
+        let bytes = [
+            0i64,
+            1,
+            -1,
+            6,
+            -6,
+            48,
+            -48,
+            4096,
+            -4096,
+            i64::MIN,
+            i64::MAX,
+            i64::MIN + 8,
+        ];
+        for itemsize in 0..=17usize {
+            for &b in &bytes {
+                let reference = if itemsize == 0 || b % itemsize as i64 != 0 {
+                    Err(Error::StrideNotMultiple {
+                        dim: 1,
+                        stride_bytes: b,
+                        itemsize,
+                    })
+                } else {
+                    Ok(vec![0, b / itemsize as i64])
+                };
+                let mut out = [7i64; 2];
+                let got = Layout::strides_from_bytes_into(&[0, b], itemsize, &mut out)
+                    .map(|()| out.to_vec());
+                // Item size 0: the first stride already fails.
+                let reference = if itemsize == 0 {
+                    Err(Error::StrideNotMultiple {
+                        dim: 0,
+                        stride_bytes: 0,
+                        itemsize,
+                    })
+                } else {
+                    reference
+                };
+                assert_eq!(got, reference, "stride {b} bytes, item size {itemsize}");
+            }
+        }
+        let mut short = [0i64; 1];
+        assert_eq!(
+            Layout::strides_from_bytes_into(&[4, 4], 4, &mut short),
+            Err(Error::RankMismatch {
+                shape: 1,
+                strides: 2
             })
         );
     }

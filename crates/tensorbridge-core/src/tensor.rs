@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use crate::Stream;
-use crate::layout::{Dims, Facts, strides_or_row_major};
+use crate::layout::{Dims, Facts, MAX_ELEM_REACH, strides_or_row_major};
 use crate::view::{Element, HostView, HostViewMut};
 use crate::{DType, Device, Error, Layout, Packing, Ready};
 
@@ -90,27 +90,16 @@ impl<'a> RawTensor<'a> {
     pub fn validate(&self) -> Result<Descriptor, Error> {
         let device = Device::from_dlpack(self.device_type, self.device_id)?;
         let dtype = DType::from_dlpack(self.dtype_code, self.dtype_bits, self.dtype_lanes)?;
-        // Checks run on the borrowed slices; the dimensions are copied once, into the result.
-        let mut storage = Dims::new();
-        let strides = strides_or_row_major(self.shape, self.strides, &mut storage)?;
-        let facts = Facts::check(self.shape, strides)?;
-        let memory = Memory::check(
+        Descriptor::from_slices(
             self.data,
             device,
             dtype,
             self.packing,
-            strides,
+            self.shape,
+            self.strides,
             self.byte_offset,
-            facts,
-        )?;
-        Ok(Descriptor {
-            data: self.data,
-            device,
-            dtype,
-            packing: memory.packing,
-            layout: Layout::from_checked(self.shape, strides, self.byte_offset, facts),
-            access: self.access,
-        })
+            self.access,
+        )
     }
 }
 
@@ -158,6 +147,41 @@ impl Descriptor {
             dtype,
             packing: memory.packing,
             layout,
+            access,
+        })
+    }
+
+    /// Validates typed parts with the shape and strides (in elements; `None` is compact
+    /// row-major) still borrowed: [`RawTensor::validate`] once the codes are decoded, and
+    /// what adapters whose device and dtype are already typed call instead of building a
+    /// [`Layout`] first (which validates the dimensions, then moves them into the
+    /// descriptor). The dimensions are checked on the borrowed slices and copied once, into
+    /// the result.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the fields of a descriptor, each checked; a struct of them is `RawTensor`"
+    )]
+    #[inline]
+    pub fn from_slices(
+        data: usize,
+        device: Device,
+        dtype: DType,
+        packing: Packing,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        byte_offset: u64,
+        access: Access,
+    ) -> Result<Descriptor, Error> {
+        let mut storage = Dims::new();
+        let strides = strides_or_row_major(shape, strides, &mut storage)?;
+        let facts = Facts::check(shape, strides)?;
+        let memory = Memory::check(data, device, dtype, packing, strides, byte_offset, facts)?;
+        Ok(Descriptor {
+            data,
+            device,
+            dtype,
+            packing: memory.packing,
+            layout: Layout::from_checked(shape, strides, byte_offset, facts),
             access,
         })
     }
@@ -220,23 +244,22 @@ impl Descriptor {
     /// number of bytes ([`Error::SubByteStride`]).
     pub fn strides_bytes(&self) -> Result<Vec<i64>, Error> {
         let bits = self.dtype.storage_bits(self.packing);
-        self.strides_elems()
-            .iter()
-            .enumerate()
-            .map(|(dim, &s)| {
-                // Exact in i64: checked in `Descriptor::new`.
-                let b = i128::from(s) * i128::from(bits);
-                if b % 8 != 0 {
-                    Err(Error::SubByteStride {
-                        dim,
-                        stride: s,
-                        bits,
-                    })
-                } else {
-                    Ok((b / 8) as i64)
-                }
-            })
-            .collect()
+        // Allocated once at its length: collecting `Result`s grows the vector from empty
+        // (a `realloc` per doubling; the CAI export of a rank-8 tensor paid three).
+        let mut out = Vec::with_capacity(self.ndim());
+        for (dim, &s) in self.strides_elems().iter().enumerate() {
+            // Exact in i64: checked in `Descriptor::new`.
+            let b = i128::from(s) * i128::from(bits);
+            if b % 8 != 0 {
+                return Err(Error::SubByteStride {
+                    dim,
+                    stride: s,
+                    bits,
+                });
+            }
+            out.push((b / 8) as i64);
+        }
+        Ok(out)
     }
 
     /// Bytes from `data` to element 0.
@@ -420,8 +443,12 @@ impl Memory {
             what: "number of bytes",
         })?;
         // Byte strides must be exact in i64 (they are handed to NumPy, CAI and libtorch).
+        // `Facts::check` bounded every stride by `MAX_ELEM_REACH` (2^55 - 1), so up to 256
+        // bits per element (every dtype but wide vectors of lanes) the product is below
+        // 2^63 and the scan over the strides can be skipped.
         let bits64 = bits as i64;
-        if strides.iter().any(|s| s.checked_mul(bits64).is_none()) {
+        const _: () = assert!((MAX_ELEM_REACH as i128) * 256 <= i64::MAX as i128);
+        if bits64 > 256 && strides.iter().any(|s| s.checked_mul(bits64).is_none()) {
             return Err(Error::Overflow {
                 what: "byte stride",
             });
@@ -597,8 +624,12 @@ impl Tensor {
     ///    this is the thread that enqueued the producer's work, and while a clone of the
     ///    returned tensor still names it, adapters are asked to act on the readiness (hand
     ///    it off, view, synchronise or export it) only on this thread.
-    pub unsafe fn with_ready(self, ready: Ready) -> Tensor {
-        Tensor { ready, ..self }
+    #[inline]
+    pub unsafe fn with_ready(mut self, ready: Ready) -> Tensor {
+        // In place: the struct update form built a second tensor and copied it (240 bytes)
+        // where it was not inlined.
+        self.ready = ready;
+        self
     }
 
     /// The same tensor, read-only.
