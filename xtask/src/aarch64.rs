@@ -103,7 +103,7 @@ impl Sysroot {
         self.dir.join("site")
     }
 
-    /// The arm64 `libgcc_s.so.1` the wheel links (`ci::build_wheels_into`).
+    /// The arm64 `libgcc_s.so.1` the wheel links (`ci::build_wheel_aarch64`).
     pub(crate) fn libgcc_s(&self) -> PathBuf {
         self.root()
             .join("lib")
@@ -121,8 +121,8 @@ impl Sysroot {
 
 impl Tools {
     /// The arm64 `python` under qemu, with `site` (a folder of installed wheels), if any,
-    /// and then the [`PYPI`] packages importable. `-L`: the arm64 loader and libraries come from the
-    /// sysroot; `-S`: no `site`, so nothing of the machine's own Python is found.
+    /// and then the [`PYPI`] packages importable. `-L`: the arm64 loader and libraries come
+    /// from the sysroot; `-S`: no `site` module, so no site-packages but these folders.
     fn python_cmd(&self, site: Option<&Path>) -> Command {
         let mut cmd = Command::new(&self.qemu);
         cmd.arg("-L")
@@ -185,13 +185,15 @@ pub(crate) fn tools(steps: &mut Steps, venv: &Venv) -> Result<Tools> {
 }
 
 /// The wheel built for aarch64 and checked (manylinux tag, one unwinder, an AArch64
-/// module), the smoke tests on it under qemu, then `cargo check` of the workspace for the
-/// target.
+/// module), the smoke tests on it under qemu, and `cargo check` of the workspace for the
+/// target (run whatever the wheel's steps gave, so that one run reports both).
 pub(crate) fn lane(steps: &mut Steps, venv: &Venv, tools: &Tools) -> Result<()> {
-    let wheel = crate::ci::build_wheel_aarch64(steps, venv, &tools.libgcc_s())?;
-    crate::ci::check_manylinux(steps, venv, std::slice::from_ref(&wheel))?;
-    smoke(steps, venv, tools, &wheel)?;
-    check(steps, venv)
+    let wheel = crate::ci::build_wheel_aarch64(steps, venv, &tools.libgcc_s()).and_then(|wheel| {
+        crate::ci::check_manylinux(steps, venv, std::slice::from_ref(&wheel))?;
+        smoke(steps, venv, tools, &wheel)
+    });
+    let check = check(steps, venv);
+    wheel.and(check)
 }
 
 /// `cargo check --target aarch64-unknown-linux-gnu` of every member but [`CHECK_EXCLUDED`],
@@ -371,7 +373,10 @@ fn qemu(steps: &mut Steps) -> Result<PathBuf> {
         )?;
         steps
             .cmd("aarch64: apt-get install qemu-user", &mut install())
-            .context("qemu-aarch64 is needed to run the aarch64 wheel: install Debian's qemu-user (apt-get install --no-install-recommends qemu-user)")?;
+            .context(
+                "qemu-aarch64 is needed to run the aarch64 wheel: install Debian's qemu-user \
+                 (apt-get install --no-install-recommends qemu-user)",
+            )?;
     }
     find().context("qemu-user is installed but no qemu-aarch64 is on PATH")
 }
