@@ -773,6 +773,22 @@ const ELF_MACHINES: &[(&str, &str)] = &[
     ("aarch64", "AArch64"),
 ];
 
+/// The ELF machine a wheel's modules must be built for, from its file name's platform tag.
+fn tagged_machine(wheel_name: &str) -> Option<&'static str> {
+    ELF_MACHINES
+        .iter()
+        .find(|(arch, _)| wheel_name.ends_with(&format!("_{arch}.whl")))
+        .map(|(_, machine)| *machine)
+}
+
+/// The `Machine:` of `readelf -h`'s output.
+fn elf_machine(header: &str) -> Option<&str> {
+    header
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Machine:"))
+        .map(str::trim)
+}
+
 /// Symbol prefixes of an unwinder's implementation: the `_Unwind_*` ABI and LLVM libunwind's
 /// own `__unw_*` / `unw_*` entry points.
 const UNWINDER_SYMBOLS: &[&str] = &["_Unwind_", "__unw_", "unw_"];
@@ -846,10 +862,7 @@ fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
         bail!("{} holds no extension module", wheel.display());
     }
     let wheel_name = wheel.file_name().unwrap_or_default().to_string_lossy();
-    let machine = ELF_MACHINES
-        .iter()
-        .find(|(arch, _)| wheel_name.ends_with(&format!("_{arch}.whl")))
-        .map(|(_, machine)| *machine)
+    let machine = tagged_machine(&wheel_name)
         .with_context(|| format!("{wheel_name}: no known architecture in its platform tag"))?;
     let mut problems = Vec::new();
     for module in &modules {
@@ -862,11 +875,7 @@ fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         };
         let header = tool("readelf", &["-hW"])?;
-        let found = header
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Machine:"))
-            .map(str::trim)
-            .unwrap_or("none");
+        let found = elf_machine(&header).unwrap_or("none");
         if found != machine {
             problems.push(format!(
                 "{}: an ELF module for {found:?}, in a wheel tagged for {machine:?}",
@@ -1081,6 +1090,27 @@ mod tests {
         );
         assert_eq!(manylinux_of("linux_x86_64"), None);
         assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn modules_are_built_for_the_tagged_architecture() {
+        // readelf's own words, from an x86-64 and an aarch64 library of the build machine.
+        let x86 = "ELF Header:\n  Class:                             ELF64\n  \
+                   Machine:                           Advanced Micro Devices X86-64\n  \
+                   Version:                           0x1\n";
+        let arm = "  Type:                              DYN (Shared object file)\n  \
+                   Machine:                           AArch64\n";
+        let x86_wheel = "tensorbridge-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl";
+        let arm_wheel = "tensorbridge-0.1.0-cp39-abi3-manylinux_2_28_aarch64.whl";
+        assert_eq!(elf_machine(x86), tagged_machine(x86_wheel));
+        assert_eq!(elf_machine(arm), tagged_machine(arm_wheel));
+        assert_ne!(elf_machine(x86), tagged_machine(arm_wheel));
+        assert_ne!(elf_machine(arm), tagged_machine(x86_wheel));
+        assert_eq!(
+            tagged_machine("tensorbridge-0.1.0-cp39-abi3-linux_riscv64.whl"),
+            None
+        );
+        assert_eq!(elf_machine("not readelf"), None);
     }
 
     #[test]
