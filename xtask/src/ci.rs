@@ -123,6 +123,8 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
 
 struct Options {
     miri: bool,
+    /// The aarch64 lane (`aarch64.rs`); `--no-aarch64` leaves it out of a quick local run.
+    aarch64: bool,
     /// `--candle-cuda`: clippy on candle's CUDA half too, the candle crate's and the example
     /// extension's (nvcc builds candle's kernels: long).
     candle_cuda: bool,
@@ -133,6 +135,7 @@ struct Options {
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut options = Options {
         miri: true,
+        aarch64: true,
         candle_cuda: false,
         envs: Vec::new(),
     };
@@ -140,6 +143,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--no-miri" => options.miri = false,
+            "--no-aarch64" => options.aarch64 = false,
             "--candle-cuda" => options.candle_cuda = true,
             "--env" => {
                 let name = args.next().context("`--env` needs an environment's name")?;
@@ -152,7 +156,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 options.envs.push(spec);
             }
             other => bail!(
-                "unknown option `{other}` for `ci` (expected --no-miri, --candle-cuda, --env NAME)"
+                "unknown option `{other}` for `ci` (expected --no-miri, --no-aarch64, --candle-cuda, --env NAME)"
             ),
         }
     }
@@ -189,6 +193,19 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
                 .collect::<Result<Vec<Venv>>>()
         },
     )?;
+    // What the aarch64 lane needs (the Rust target, qemu, the arm64 sysroot): downloads,
+    // meanwhile too.
+    let aarch64_tools = if options.aarch64 {
+        let venv = venv.clone();
+        Some(steps.background(
+            "aarch64 tools",
+            &logs_dir().join("aarch64-tools.log"),
+            move |bg| crate::aarch64::tools(bg, &venv),
+        )?)
+    } else {
+        steps.skip("aarch64", "--no-aarch64");
+        None
+    };
     let rust = rust_checks(steps, &venv).and_then(|()| {
         if options.candle_cuda {
             candle_cuda_check(steps, &venv)
@@ -205,13 +222,22 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
     });
     // Joined whatever happened, so that no pip is left running and its failure is reported.
     let others = environments.join(steps);
-    rust?;
+    let ready = rust.and(others);
+    let aarch64_tools = match (ready.is_ok(), aarch64_tools) {
+        (true, tools) => tools,
+        (false, Some(tools)) => {
+            let _ = tools.join(steps);
+            None
+        }
+        (false, None) => None,
+    };
+    let others = ready?;
     let mut envs: Vec<Venv> = Vec::new();
     if options.envs.iter().any(|s| s.name == venv.name()) {
         envs.push(venv.clone());
     }
-    envs.extend(others?);
-    python(steps, &venv, envs, options.miri)
+    envs.extend(others);
+    python(steps, &venv, envs, options.miri, aarch64_tools)
 }
 
 /// fmt, clippy, the Rust tests, rustdoc, and the [`EXTRA_STEPS`].
@@ -279,14 +305,48 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
 /// The Python package: both wheels built (manylinux_2_28, checked by auditwheel) and
 /// installed into each environment's own folder; the pytest suite in every environment, in
 /// background lanes, while the pyo3 crate's Rust tests (against the pinned environment's
-/// libpython) and Miri run here.
-fn python(steps: &mut Steps, venv: &Venv, envs: Vec<Venv>, miri: bool) -> Result<()> {
-    let mut wheels = build_wheels(steps, venv)?;
-    wheels.extend(build_wheels_py312(steps, venv)?);
-    check_manylinux(steps, venv, &wheels)?;
+/// libpython) and Miri run here. With `aarch64_tools` (being installed in the background),
+/// a lane of its own for aarch64 (`aarch64.rs`): the wheel, its checks and smoke tests under
+/// qemu, `cargo check` of the workspace for the target.
+fn python(
+    steps: &mut Steps,
+    venv: &Venv,
+    envs: Vec<Venv>,
+    miri: bool,
+    aarch64_tools: Option<Background<crate::aarch64::Tools>>,
+) -> Result<()> {
+    let built = build_wheels(steps, venv)
+        .and_then(|mut wheels| {
+            wheels.extend(build_wheels_py312(steps, venv)?);
+            Ok(wheels)
+        })
+        .and_then(|wheels| check_manylinux(steps, venv, &wheels));
+    let aarch64_tools = match (built, aarch64_tools) {
+        (Ok(()), tools) => tools,
+        (Err(e), tools) => {
+            if let Some(tools) = tools {
+                let _ = tools.join(steps);
+            }
+            return Err(e);
+        }
+    };
+    let mut lanes: Vec<Background<()>> = Vec::new();
+    // The aarch64 lane: its cargo steps use target directories no other step of this phase
+    // builds in (`target/wheel-aarch64-*`, and `target/` only once the pyo3 crate's tests
+    // are built: its check waits for their lock at worst).
+    if let Some(tools) = aarch64_tools {
+        let venv = venv.clone();
+        lanes.push(steps.background(
+            "aarch64 lane",
+            &logs_dir().join("aarch64.log"),
+            move |bg| {
+                let tools = tools.join(bg)?;
+                crate::aarch64::lane(bg, &venv, &tools)
+            },
+        )?);
+    }
     // Two lanes of environments, one after another in each: with Miri (mostly one core) in
     // the foreground that is three processes on CI's two cores until Miri ends, two after.
-    let mut lanes: Vec<Background<()>> = Vec::new();
     for (lane, envs) in split_lanes(envs, PYTEST_LANES).into_iter().enumerate() {
         let name = format!("pytest lane {}", lane + 1);
         let log = logs_dir().join(format!("pytest-{}.log", lane + 1));
@@ -587,11 +647,60 @@ pub(crate) fn build_wheels_py312(steps: &mut Steps, venv: &Venv) -> Result<Vec<P
 /// otherwise make every other release build in `target/` rebuild, and the two builds each
 /// other.
 fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Result<Vec<PathBuf>> {
-    let out = wheels_dir(abi);
+    maturin_wheels(steps, venv, WHEELS, abi, None, &system_libgcc_s()?)
+}
+
+/// The Python package's wheel for aarch64 Linux (abi3-py39, manylinux_2_28), cross-compiled
+/// with zig into `target/wheels-aarch64` (its own target directory,
+/// `target/wheel-aarch64-abi3-py39`), linking `libgcc_s`, an arm64 `libgcc_s.so.1` (the
+/// sysroot's: `aarch64.rs`). Only the package users install: the example extension serves
+/// the x86-64 suite's cookbook tests. Only the abi3-py39 build: the smoke tests' arm64
+/// CPython is 3.11, which would not test a 3.12 one.
+pub(crate) fn build_wheel_aarch64(
+    steps: &mut Steps,
+    venv: &Venv,
+    libgcc_s: &Path,
+) -> Result<PathBuf> {
+    let built = maturin_wheels(
+        steps,
+        venv,
+        &WHEELS[..1],
+        None,
+        Some(crate::aarch64::TARGET),
+        libgcc_s,
+    )?;
+    let [wheel] = built.as_slice() else {
+        bail!("expected one aarch64 wheel, built {built:?}");
+    };
+    let name = wheel.file_name().unwrap_or_default().to_string_lossy();
+    if !name.ends_with("_aarch64.whl") {
+        bail!("the aarch64 build made {name}, which is not tagged for aarch64");
+    }
+    Ok(wheel.clone())
+}
+
+/// `maturin build --release --zig` of `wheels` for the stable ABI `abi` (`None`:
+/// abi3-py39) and the Rust target `target` (`None`: the build machine's), linking
+/// `libgcc_s` (of the target's architecture); returns the wheels' paths.
+fn maturin_wheels(
+    steps: &mut Steps,
+    venv: &Venv,
+    wheels: &[(&str, &str, &str)],
+    abi: Option<&str>,
+    target: Option<&str>,
+    libgcc_s: &Path,
+) -> Result<Vec<PathBuf>> {
+    let out = match target {
+        None => wheels_dir(abi),
+        Some(_) => cross_wheels_dir(),
+    };
+    let target_dir = match target {
+        None => format!("wheel-{}", abi.unwrap_or("abi3-py39")),
+        Some(_) => format!("wheel-aarch64-{}", abi.unwrap_or("abi3-py39")),
+    };
     let (glibc_major, glibc_minor) = MANYLINUX;
-    let libgcc_s = system_libgcc_s()?;
     let mut built = Vec::new();
-    for (folder, _, prefix) in WHEELS {
+    for (folder, _, prefix) in wheels {
         for old in wheels_in(&out, prefix)? {
             fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
         }
@@ -610,12 +719,10 @@ fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Resul
             .arg(root().join(folder).join("Cargo.toml"))
             .arg("--out")
             .arg(&out)
-            .env(
-                "CARGO_TARGET_DIR",
-                root()
-                    .join("target")
-                    .join(format!("wheel-{}", abi.unwrap_or("abi3-py39"))),
-            );
+            .env("CARGO_TARGET_DIR", root().join("target").join(&target_dir));
+        if let Some(target) = target {
+            maturin.args(["--target", target]);
+        }
         if let Some(feature) = abi {
             maturin
                 .args(["--no-default-features", "--features", feature])
@@ -633,8 +740,9 @@ fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Resul
             .arg(format!("link-arg={}", libgcc_s.display()));
         steps.cmd(
             &format!(
-                "python: maturin build {folder} {}",
-                abi.unwrap_or("abi3-py39")
+                "python: maturin build {folder} {}{}",
+                abi.unwrap_or("abi3-py39"),
+                target.map(|t| format!(" --target {t}")).unwrap_or_default()
             ),
             &mut maturin,
         )?;
@@ -647,6 +755,11 @@ fn build_wheels_into(steps: &mut Steps, venv: &Venv, abi: Option<&str>) -> Resul
         }
     }
     Ok(built)
+}
+
+/// Where the aarch64 wheel is written.
+fn cross_wheels_dir() -> PathBuf {
+    root().join("target").join("wheels-aarch64")
 }
 
 /// The build machine's `libgcc_s.so.1` (as its C compiler finds it), which the wheels link
@@ -669,6 +782,29 @@ fn system_libgcc_s() -> Result<PathBuf> {
     }
     path.canonicalize()
         .with_context(|| format!("resolving {}", path.display()))
+}
+
+/// The wheels' architectures, as their platform tags end, and as `readelf -h` names the
+/// machine of an ELF module built for each.
+const ELF_MACHINES: &[(&str, &str)] = &[
+    ("x86_64", "Advanced Micro Devices X86-64"),
+    ("aarch64", "AArch64"),
+];
+
+/// The ELF machine a wheel's modules must be built for, from its file name's platform tag.
+fn tagged_machine(wheel_name: &str) -> Option<&'static str> {
+    ELF_MACHINES
+        .iter()
+        .find(|(arch, _)| wheel_name.ends_with(&format!("_{arch}.whl")))
+        .map(|(_, machine)| *machine)
+}
+
+/// The `Machine:` of `readelf -h`'s output.
+fn elf_machine(header: &str) -> Option<&str> {
+    header
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Machine:"))
+        .map(str::trim)
 }
 
 /// Symbol prefixes of an unwinder's implementation: the `_Unwind_*` ABI and LLVM libunwind's
@@ -707,9 +843,15 @@ fn one_unwinder(needed: &[&str], defined: &[&str], libunwind_text: bool) -> Vec<
 }
 
 /// [`one_unwinder`] on every extension module in `wheel` (unpacked by the environment's
-/// Python into a scratch folder, read with binutils' `readelf` and `nm`).
+/// Python into a scratch folder, read with binutils' `readelf` and `nm`, which read an
+/// aarch64 module as well), and each module built for the architecture its tag names.
 fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
-    let scratch = env::temp_dir().join(format!("tensorbridge-unwinder-{}", std::process::id()));
+    // Named after the wheel too: the aarch64 lane checks its wheel beside other steps.
+    let scratch = env::temp_dir().join(format!(
+        "tensorbridge-unwinder-{}-{}",
+        std::process::id(),
+        wheel.file_name().unwrap_or_default().to_string_lossy()
+    ));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     let unpack = "import sys, zipfile\n\
@@ -737,6 +879,9 @@ fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
     if modules.is_empty() {
         bail!("{} holds no extension module", wheel.display());
     }
+    let wheel_name = wheel.file_name().unwrap_or_default().to_string_lossy();
+    let machine = tagged_machine(&wheel_name)
+        .with_context(|| format!("{wheel_name}: no known architecture in its platform tag"))?;
     let mut problems = Vec::new();
     for module in &modules {
         let tool = |program: &str, args: &[&str]| -> Result<String> {
@@ -747,6 +892,14 @@ fn check_one_unwinder(venv: &Venv, wheel: &Path) -> Result<()> {
                 .with_context(|| format!("running {program} (binutils)"))?;
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         };
+        let header = tool("readelf", &["-hW"])?;
+        let found = elf_machine(&header).unwrap_or("none");
+        if found != machine {
+            problems.push(format!(
+                "{}: an ELF module for {found:?}, in a wheel tagged for {machine:?}",
+                module.display()
+            ));
+        }
         let dynamic = tool("readelf", &["-dW"])?;
         let needed: Vec<&str> = dynamic
             .lines()
@@ -955,6 +1108,27 @@ mod tests {
         );
         assert_eq!(manylinux_of("linux_x86_64"), None);
         assert!((2, 34) > MANYLINUX && (2, 17) < MANYLINUX);
+    }
+
+    #[test]
+    fn modules_are_built_for_the_tagged_architecture() {
+        // readelf's own words, from an x86-64 and an aarch64 library of the build machine.
+        let x86 = "ELF Header:\n  Class:                             ELF64\n  \
+                   Machine:                           Advanced Micro Devices X86-64\n  \
+                   Version:                           0x1\n";
+        let arm = "  Type:                              DYN (Shared object file)\n  \
+                   Machine:                           AArch64\n";
+        let x86_wheel = "tensorbridge-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl";
+        let arm_wheel = "tensorbridge-0.1.0-cp39-abi3-manylinux_2_28_aarch64.whl";
+        assert_eq!(elf_machine(x86), tagged_machine(x86_wheel));
+        assert_eq!(elf_machine(arm), tagged_machine(arm_wheel));
+        assert_ne!(elf_machine(x86), tagged_machine(arm_wheel));
+        assert_ne!(elf_machine(arm), tagged_machine(x86_wheel));
+        assert_eq!(
+            tagged_machine("tensorbridge-0.1.0-cp39-abi3-linux_riscv64.whl"),
+            None
+        );
+        assert_eq!(elf_machine("not readelf"), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! fails the whole task with a message that names it; a timing summary ends every run,
 //! failed or not.
 
+mod aarch64;
 mod artifacts;
 mod bench;
 mod ci;
@@ -34,7 +35,7 @@ const HELP: &str = "\
 cargo xtask <task> [options]
 
 tasks:
-  ci [--no-miri] [--env NAME]...
+  ci [--no-miri] [--no-aarch64] [--env NAME]...
       A check that no tracked file is a build artifact (xtask/src/artifacts.rs), the
       Python environments (see venv), then cargo fmt --check, clippy (workspace, then
       --all-features), cargo test, cargo doc with warnings denied (libtorch for the tch
@@ -48,8 +49,10 @@ tasks:
       wheel pip picks for its interpreter), then Miri on each package in
       ci::MIRI_PACKAGES (installing the nightly toolchain, Miri and rust-src first if they
       are missing). The other environments build while cargo compiles, and the pytest
-      runs go on (two lanes) while the pyo3 tests and Miri run. --no-miri skips Miri, for quick local
-      runs; --env NAME (repeatable) runs pytest in those environments only.
+      runs go on (two lanes) while the pyo3 tests and Miri run. Beside them, an aarch64 lane
+      (see test-aarch64; its tools are fetched while cargo compiles). --no-miri skips Miri,
+      --no-aarch64 the aarch64 lane, for quick local runs; --env NAME (repeatable) runs
+      pytest in those environments only.
   test-gpu [--bundle DIR] [--candle-cuda] [-- ARGS...]
       Report the GPUs found, build the GPU test binaries (release, stripped) and the
       wheel, and run them here with the Python GPU suite; with --bundle, copy them, the
@@ -96,6 +99,15 @@ tasks:
       stand-in CUDA driver (crates/tensorbridge-cuda-standin, put in target/cuda-standin
       as libcuda.so.1): tensorbridge-cuda's cuda_driver tests, then the wheels and
       test_share_driver.py and test_share_trust.py in the pinned environment. `ci` runs the same steps.
+  test-aarch64
+      aarch64 Linux from this x86-64 machine: the Rust target, qemu-aarch64 (Debian's
+      qemu-user) and an arm64 sysroot (Debian's CPython 3.11 and PyPI's aarch64 NumPy and
+      pytest, cached beside the environments) installed when missing; the Python package's
+      abi3-py39 wheel cross-built with zig for manylinux_2_28 aarch64 into
+      target/wheels-aarch64 and checked (auditwheel, one unwinder, an AArch64 module);
+      the smoke tests (xtask/src/aarch64.rs, SMOKE_TESTS) run on it under qemu; then cargo
+      check --target aarch64-unknown-linux-gnu of the workspace but tensorbridge-tch.
+      `ci` runs the same steps.
   help
       This text.
 ";
@@ -116,6 +128,7 @@ fn main() -> ExitCode {
         "venv" => venv_task(rest),
         "test-threads" => threads::run(rest),
         "test-standin" => standin::task(rest),
+        "test-aarch64" => aarch64::task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;

@@ -517,7 +517,7 @@ pub(crate) fn find_python(steps: &mut Steps, spec: &Spec) -> Result<PathBuf> {
 
 /// 64-bit FNV-1a over `parts` (each followed by a separator): a stable name for a cache
 /// entry, not a security measure.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325_u64;
     for part in parts {
         for &b in part.iter().chain(&[0xff]) {
