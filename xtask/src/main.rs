@@ -11,6 +11,7 @@ mod ci;
 mod cuda_toolkit;
 mod demo;
 mod fuzz;
+mod nixl;
 mod release;
 mod standin;
 mod tch_range;
