@@ -114,6 +114,9 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
     // The sharing path through the stand-in CUDA driver (a GPU-less machine's only way to
     // run it): tensorbridge-cuda's driver tests.
     crate::standin::run,
+    // tensorbridge-nixl against a real NIXL (left out of the `test` step): a tensor moved to
+    // a Python process.
+    crate::nixl::run,
 ];
 
 struct Options {
@@ -166,6 +169,8 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
     // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
     // whenever the interpreter it finds changes.
     let venv = venv::ensure(steps)?;
+    // libclang for nixl-sys's bindgen, for every cargo command below (`Venv::cargo`).
+    crate::nixl::bindgen_setup(steps, &venv)?;
     // The other environments meanwhile (the pinned one is ready, so none of them waits for
     // it): pip downloads and unpacks while cargo compiles.
     let others: Vec<&'static Spec> = options
@@ -250,6 +255,8 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
     for package in PYTHON_PACKAGES {
         test.args(["--exclude", package]);
     }
+    // Its test needs NIXL's library on the loader's path: `nixl::run`, an extra step.
+    test.args(["--exclude", "tensorbridge-nixl"]);
     steps.cmd("test", &mut test)?;
     steps.cmd(
         "doc",

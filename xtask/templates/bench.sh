@@ -36,3 +36,14 @@ fi
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/compare.py"
 echo "==> sharing with another process (ipc.py)"
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/ipc.py"
+echo "==> NIXL across two GPUs (nixl.py)"
+# NIXL from the folder of wheels TB_NIXL_WHEELS (installed by run.sh, or here); skipped, saying
+# so, without it or without two GPUs. Not pinned to one core: two processes and NCCL.
+if [ -n "${TB_NIXL_WHEELS:-}" ] && [ ! -d "$here/nixl" ]; then
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$TB_NIXL_WHEELS" --target "$here/nixl" nixl-cu13
+fi
+if [ -d "$here/nixl" ]; then
+    OUT="$out" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" PYTHONPATH="$here/py:$here/nixl${PYTHONPATH:+:$PYTHONPATH}" "$py" "$here/benches/nixl.py"
+else
+    echo "skipped: TB_NIXL_WHEELS is not set (a folder holding the nixl-cu13 wheel for this Python)"
+fi

@@ -11,13 +11,17 @@ registration is one descriptor. Commands:
 - ``{"op": "send", "n": N, "k": K, "dtype": D, "start": S}``: N tensors holding S, S+1, ...
   in element order, registered; answers as ``recv``.
 - ``{"op": "peer", "md": ...}``: adds a remote agent; answers its name.
-- ``{"op": "wait", "peer": P, "tag": T}``: waits for P's notification T; answers the values.
-- ``{"op": "read", "peer": P, "remote": R, "tag": T}``: READs R from P into this side's
-  ``recv`` tensors; answers the values.
+- ``{"op": "wait", "peer": P, "tag": T}``: waits for P's notification T; answers the values
+  (a SHA-256 digest of the bytes, and the values themselves when there are few).
+- ``{"op": "write_busy", ...}``: PyTorch on a GPU only: ``Side.write_busy``.
+- ``{"op": "read", "peer": P, "remote": R, "tag": T, "jax": J}``: READs R from P into this
+  side's ``recv`` tensors, notifying T; answers the values (read through JAX when J).
 - ``{"op": "dereg"}``, ``{"op": "exit"}``.
 """
 
 import base64
+import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -31,6 +35,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import numpy as np  # noqa: E402
 
 import tensorbridge.nixl as tbn  # noqa: E402
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def b64(data: bytes) -> str:
@@ -54,6 +62,13 @@ class Side:
         total = n * k
         host = np.zeros(total, dtype) if start is None else (np.arange(total) + start).astype(dtype)
         fw = self.framework
+        if fw == "jax" and start is None:
+            # JAX arrays are immutable: a JAX consumer receives into memory of its own (CuPy's,
+            # else PyTorch's on the GPU; NumPy's on the host) and takes it through DLPack
+            # afterwards (``values``), as the README's recipe does.
+            fw = "cupy" if self.device.startswith("cuda") and _has("cupy") else (
+                "torch" if self.device.startswith("cuda") else "numpy"
+            )
         if fw == "numpy":
             buf = host
         elif fw == "torch":
@@ -78,7 +93,7 @@ class Side:
         else:
             raise ValueError(f"framework {fw!r}")
         self.buffer = buf
-        if fw == "jax":
+        if fw == "jax":  # a sending JAX side
             # One JAX array; its slices would be new buffers. One tensor, one descriptor.
             self.tensors = [buf]
         else:
@@ -91,16 +106,57 @@ class Side:
             "md": b64(self.agent.get_agent_metadata()),
         }
 
+    def host(self):
+        """This side's buffer on the host, read through its framework (JAX: through DLPack)."""
+        if self.framework == "jax":
+            import jax
+
+            buf = self.buffer if isinstance(self.buffer, jax.Array) else jax.dlpack.from_dlpack(self.buffer)
+            return np.asarray(buf)
+        if isinstance(self.buffer, np.ndarray):
+            return self.buffer
+        if type(self.buffer).__module__.startswith("torch"):
+            return self.buffer.cpu().numpy()
+        return self.buffer.get()
+
     def values(self):
-        if self.framework == "numpy":
-            host = self.buffer
-        elif self.framework == "torch":
-            host = self.buffer.cpu().numpy()
-        elif self.framework == "cupy":
-            host = self.buffer.get()
+        host = self.host()
+        out = {"digest": hashlib.sha256(np.ascontiguousarray(host).tobytes()).hexdigest()}
+        if host.size <= 1 << 14:
+            out["values"] = [float(x) for x in host]
+        return out
+
+    def write_busy(self, cmd):
+        """PyTorch on the GPU: the buffer's final values written after ``busy_ms`` of device
+        work on the current stream, then a WRITE posted at once: through ``tbn.transfer``
+        (ordered after that work) or, with ``ordered`` false, through NIXL by hand (the
+        control: nothing waits)."""
+        import torch
+
+        dev = torch.device(self.device)
+        khz = getattr(torch.cuda.get_device_properties(dev), "clock_rate", 0) or 2_000_000
+        final = torch.arange(self.buffer.numel(), device=dev, dtype=self.buffer.dtype) * -1.0
+        torch.cuda.synchronize(dev)
+        with torch.cuda.device(dev):
+            torch.cuda._sleep(int(khz * cmd["busy_ms"]))
+            self.buffer.copy_(final)
+        remote = tbn.Remote.from_bytes(unb64(cmd["remote"]))
+        tag = cmd["tag"].encode()
+        if cmd["ordered"]:
+            x = tbn.transfer(self.agent, "WRITE", self.tensors, remote, cmd["peer"], notif=tag)
+            with x:
+                x.wait(timeout=30)
         else:
-            host = np.asarray(self.buffer)
-        return [float(x) for x in host]
+            local = self.agent.get_xfer_descs(tbn.xfer_descs(self.tensors).array, "VRAM")
+            far = self.agent.get_xfer_descs(remote.descs.array, remote.mem_type)
+            h = self.agent.initialize_xfer("WRITE", local, far, cmd["peer"], tag)
+            state = self.agent.transfer(h)
+            while state == "PROC":
+                state = self.agent.check_xfer_state(h)
+            self.agent.release_xfer_handle(h)
+        torch.cuda.synchronize(dev)
+        fin = final.cpu().numpy()
+        return {"final_digest": hashlib.sha256(fin.tobytes()).hexdigest()}
 
     def handle(self, cmd):
         op = cmd["op"]
@@ -113,12 +169,23 @@ class Side:
             return {"name": name.decode() if isinstance(name, bytes) else name}
         if op == "wait":
             tbn.wait_notification(self.agent, cmd["peer"], cmd["tag"].encode(), timeout=30)
-            return {"values": self.values()}
+            return self.values()
+        if op == "write_busy":
+            return self.write_busy(cmd)
         if op == "read":
-            x = tbn.transfer(self.agent, "READ", self.tensors, unb64(cmd["remote"]), cmd["peer"])
+            tag = cmd.get("tag", "").encode()
+            x = tbn.transfer(
+                self.agent, "READ", self.tensors, unb64(cmd["remote"]), cmd["peer"], notif=tag
+            )
             with x:
                 x.wait(timeout=30)
-            return {"values": self.values(), "pieces": x.pieces}
+            if cmd.get("jax"):
+                # The README's recipe: the received buffer handed to JAX through DLPack.
+                import jax
+
+                y = jax.dlpack.from_dlpack(self.buffer)
+                return {"values": [float(v) for v in np.asarray(y)], "pieces": x.pieces}
+            return {**self.values(), "pieces": x.pieces}
         if op == "dereg":
             self.reg.deregister()
             return {}

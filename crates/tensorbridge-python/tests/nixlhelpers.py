@@ -57,7 +57,7 @@ class Peer:
         self._stderr = []
         threading.Thread(target=self._drain, daemon=True).start()
         first = self._answer()
-        self.md = unb64(first["md"])
+        self.metadata = unb64(first["md"])
 
     def _drain(self):
         for line in self.proc.stderr:

@@ -236,3 +236,21 @@ def test_torch_producer_read_by_numpy_consumer_strided(peers):
         got = consumer.ask(op="read", peer="tb-torch-producer", remote=b64(bytes(remote)))
         assert got["pieces"] == N * K
         assert got["values"] == [float(v) for v in src.reshape(-1)]
+
+
+def test_readme_recipe_torch_producer_to_jax_consumer(peers):
+    """The README's recipe, on the host: a PyTorch tensor registered and described in this
+    process; the other process reads it into a buffer of its own, notifies, and hands the
+    buffer to JAX; this process deregisters after the notification."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    a = tbn.make_agent("A")
+    x = torch.linspace(-1, 1, N * K, dtype=torch.float32)
+    reg = tbn.register(a, x)
+    consumer = peers("B", "numpy")
+    consumer.ask(op="recv", n=1, k=N * K, dtype="float32")
+    consumer.ask(op="peer", md=b64(a.get_agent_metadata()))
+    got = consumer.ask(op="read", peer="A", remote=b64(bytes(tbn.describe(x))), tag="read", jax=True)
+    tbn.wait_notification(a, "B", b"read", timeout=30)
+    reg.deregister()
+    assert got["values"] == [float(v) for v in x]
