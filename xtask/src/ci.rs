@@ -419,8 +419,13 @@ fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
 }
 
 /// The Python package's tests that need a CUDA driver, the real one or the stand-in: the
-/// sharing path, and the sharing protocol's trust model (ARCHITECTURE.md).
-pub(crate) const DRIVER_TESTS: &[&str] = &["test_share_driver.py", "test_share_trust.py"];
+/// sharing path, the sharing protocol's trust model (ARCHITECTURE.md), and the CUDA half of
+/// `tensorbridge.nixl`'s descriptors.
+pub(crate) const DRIVER_TESTS: &[&str] = &[
+    "test_share_driver.py",
+    "test_share_trust.py",
+    "test_nixl_driver.py",
+];
 
 /// [`DRIVER_TESTS`] in `env` with the wheels of `site`, through the stand-in driver
 /// (`standin.rs`, built before), failing rather than skipping when it does not load.

@@ -86,7 +86,7 @@ fi
 # killed-consumer test reads that report.
 echo "==> python: the sharing tests on the real driver"
 if PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
-        --rootdir "$tests" "$tests/test_share_driver.py" "$tests/test_share_trust.py" ${PYTEST_ARGS:-}; then
+        --rootdir "$tests" "$tests/test_share_driver.py" "$tests/test_share_trust.py" "$tests/test_nixl_driver.py" ${PYTEST_ARGS:-}; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1))

@@ -178,7 +178,9 @@ _CU_STREAM_NON_BLOCKING = 1
 
 
 class _Driver:
-    """libcuda through ctypes: loaded on first use, only for CUDA views."""
+    """libcuda through ctypes: loaded on first use, only for CUDA views. Pointer queries need
+    a current context: the calling thread's when it has one, else the device's primary
+    context, made current for the call only (the thread's state is left as it was)."""
 
     def __init__(self) -> None:
         try:
@@ -189,6 +191,7 @@ class _Driver:
             ) from None
         self._check("cuInit", self.lib.cuInit(0))
         self._streams: Dict[int, int] = {}
+        self._contexts: Dict[int, int] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -196,38 +199,10 @@ class _Driver:
         if rc != 0:
             raise RuntimeError(f"{call} failed with CUresult {rc}")
 
-    def _attribute(self, attribute: int, ptr: int, ctype: Any) -> Any:
-        value = ctype()
-        self._check(
-            "cuPointerGetAttribute",
-            self.lib.cuPointerGetAttribute(
-                ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_uint64(ptr)
-            ),
-        )
-        return value.value
-
-    def allocation(self, ptr: int) -> Tuple[int, int]:
-        """The driver's allocation holding ``ptr``: (base, size)."""
-        base = self._attribute(_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr, ctypes.c_uint64)
-        size = self._attribute(_CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr, ctypes.c_uint64)
-        return int(base), int(size)
-
-    def is_managed(self, ptr: int) -> bool:
-        return bool(self._attribute(_CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr, ctypes.c_uint32))
-
-    def is_vmm(self, ptr: int) -> bool:
-        """``cuMemRetainAllocationHandle`` succeeds only on virtual-memory mappings."""
-        handle = ctypes.c_uint64()
-        rc = self.lib.cuMemRetainAllocationHandle(ctypes.byref(handle), ctypes.c_void_p(ptr))
-        if rc == 0:
-            self.lib.cuMemRelease(handle)
-            return True
-        return False
-
-    def stream(self, ordinal: int) -> int:
-        """A private non-blocking stream on device ``ordinal`` (made once, kept)."""
+    def _primary(self, ordinal: int) -> int:
+        """Device ``ordinal``'s primary context, retained once for the process."""
         with self._lock:
-            if ordinal not in self._streams:
+            if ordinal not in self._contexts:
                 device = ctypes.c_int()
                 self._check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(device), ordinal))
                 ctx = ctypes.c_void_p()
@@ -235,7 +210,64 @@ class _Driver:
                     "cuDevicePrimaryCtxRetain",
                     self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
                 )
-                self._check("cuCtxPushCurrent", self.lib.cuCtxPushCurrent_v2(ctx))
+                self._contexts[ordinal] = int(ctx.value)
+            return self._contexts[ordinal]
+
+    def _call(self, ordinal: int, fn: Any) -> Any:
+        """``fn()`` with a context current: the thread's own, else ``ordinal``'s primary."""
+        current = ctypes.c_void_p()
+        self._check("cuCtxGetCurrent", self.lib.cuCtxGetCurrent(ctypes.byref(current)))
+        if current.value:
+            return fn()
+        self._check(
+            "cuCtxPushCurrent", self.lib.cuCtxPushCurrent_v2(ctypes.c_void_p(self._primary(ordinal)))
+        )
+        try:
+            return fn()
+        finally:
+            popped = ctypes.c_void_p()
+            self.lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+    def _attribute(self, ordinal: int, attribute: int, ptr: int, ctype: Any) -> Any:
+        value = ctype()
+        self._check(
+            "cuPointerGetAttribute",
+            self._call(
+                ordinal,
+                lambda: self.lib.cuPointerGetAttribute(
+                    ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_uint64(ptr)
+                ),
+            ),
+        )
+        return value.value
+
+    def allocation(self, ordinal: int, ptr: int) -> Tuple[int, int]:
+        """The driver's allocation holding ``ptr``: (base, size)."""
+        base = self._attribute(ordinal, _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr, ctypes.c_uint64)
+        size = self._attribute(ordinal, _CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr, ctypes.c_uint64)
+        return int(base), int(size)
+
+    def is_managed(self, ordinal: int, ptr: int) -> bool:
+        return bool(self._attribute(ordinal, _CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr, ctypes.c_uint32))
+
+    def is_vmm(self, ordinal: int, ptr: int) -> bool:
+        """``cuMemRetainAllocationHandle`` succeeds only on virtual-memory mappings."""
+        handle = ctypes.c_uint64()
+        rc = self._call(
+            ordinal,
+            lambda: self.lib.cuMemRetainAllocationHandle(ctypes.byref(handle), ctypes.c_void_p(ptr)),
+        )
+        if rc == 0:
+            self.lib.cuMemRelease(handle)
+            return True
+        return False
+
+    def stream(self, ordinal: int) -> int:
+        """A private non-blocking stream on device ``ordinal`` (made once, kept)."""
+        ctx = self._primary(ordinal)
+        with self._lock:
+            if ordinal not in self._streams:
+                self._check("cuCtxPushCurrent", self.lib.cuCtxPushCurrent_v2(ctypes.c_void_p(ctx)))
                 try:
                     stream = ctypes.c_void_p()
                     self._check(
@@ -331,15 +363,15 @@ def _check_memory(i: int, view: View, allow_readonly: bool) -> Tuple[str, int]:
     if mem == "VRAM":
         cuda = _cuda()
         lo, hi = _span(view)
-        if cuda.is_managed(lo):
+        if cuda.is_managed(dev, lo):
             raise ManagedMemoryError(what, "CUDA device memory", "CUDA managed memory")
-        if cuda.is_vmm(lo):
+        if cuda.is_vmm(dev, lo):
             raise VirtualMemoryError(
                 what,
                 "memory from cudaMalloc or a caching allocator over it",
                 "a virtual memory mapping (cuMemMap; PyTorch's expandable segments)",
             )
-        base, size = cuda.allocation(lo)
+        base, size = cuda.allocation(dev, lo)
         if hi > base + size:
             raise CrossAllocationError(
                 what,
@@ -387,7 +419,7 @@ def _registration(views: List[View], allow_readonly: bool) -> List[Descs]:
     for i, v in enumerate(views):
         mem, dev = _check_memory(i, v, allow_readonly)
         lo, hi = _span(v)
-        key = _cuda().allocation(lo)[0] if mem == "VRAM" else -1
+        key = _cuda().allocation(dev, lo)[0] if mem == "VRAM" else -1
         groups.setdefault((mem, dev), []).append((key, lo, hi))
     out: Dict[str, List[Tuple[int, int, int]]] = {}
     for (mem, dev), spans in groups.items():

@@ -126,7 +126,9 @@ def test_span_crossing_allocations_is_refused():
                 "strides": None, "stream": None,
             }
 
-        with pytest.raises(tbn.CrossAllocationError, match="inside the allocation"):
+        # Refused at import (tensorbridge checks CUDA spans against the driver) or, for
+        # views made otherwise, by the adapter: never handed to NIXL.
+        with pytest.raises((ValueError, tbn.CrossAllocationError), match="past the allocation|inside the allocation"):
             tbn.registration_descs(tb.asview(TooLong()))
     finally:
         cupy.cuda.runtime.free(ptr)
