@@ -83,7 +83,8 @@ def worker(rank, conn, port):
         if rank == 0:
             conn.send((bytes(tbn.describe(parts)), [(p.data_ptr(), p.numel() * 4, 0) for p in parts]))
         else:
-            remote, remote_list = conn.recv()
+            blob, remote_list = conn.recv()
+            remote = tbn.Remote.from_bytes(blob)
             tb_times, hand_times = [], []
             for r in range(ROUNDS[case] + 1):
                 t0 = time.perf_counter()

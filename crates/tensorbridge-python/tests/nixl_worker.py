@@ -53,6 +53,14 @@ class Side:
     def __init__(self, name: str, framework: str, device: str) -> None:
         self.framework = framework
         self.device = device
+        if device.startswith("cuda") and framework == "torch":
+            import torch
+
+            torch.cuda.set_device(torch.device(device))
+        elif device.startswith("cuda") and framework == "cupy":
+            import cupy
+
+            cupy.cuda.Device(int(device.split(":")[1])).use()
         self.agent = tbn.make_agent(name)
         self.buffer = None
         self.tensors = []
@@ -136,24 +144,26 @@ class Side:
         dev = torch.device(self.device)
         khz = getattr(torch.cuda.get_device_properties(dev), "clock_rate", 0) or 2_000_000
         final = torch.arange(self.buffer.numel(), device=dev, dtype=self.buffer.dtype) * -1.0
-        torch.cuda.synchronize(dev)
-        with torch.cuda.device(dev):
-            torch.cuda._sleep(int(khz * cmd["busy_ms"]))
-            self.buffer.copy_(final)
         remote = tbn.Remote.from_bytes(unb64(cmd["remote"]))
         tag = cmd["tag"].encode()
-        if cmd["ordered"]:
-            x = tbn.transfer(self.agent, "WRITE", self.tensors, remote, cmd["peer"], notif=tag)
-            with x:
-                x.wait(timeout=30)
-        else:
-            local = self.agent.get_xfer_descs(tbn.xfer_descs(self.tensors).array, "VRAM")
-            far = self.agent.get_xfer_descs(remote.descs.array, remote.mem_type)
-            h = self.agent.initialize_xfer("WRITE", local, far, cmd["peer"], tag)
-            state = self.agent.transfer(h)
-            while state == "PROC":
-                state = self.agent.check_xfer_state(h)
-            self.agent.release_xfer_handle(h)
+        local = self.agent.get_xfer_descs(tbn.xfer_descs(self.tensors).array, "VRAM")
+        far = self.agent.get_xfer_descs(remote.descs.array, remote.mem_type)
+        torch.cuda.synchronize(dev)
+        # The producer's work on a stream of its own (PyTorch's current stream inside the
+        # block), the transfer posted from inside the block, as a producer would.
+        with torch.cuda.device(dev), torch.cuda.stream(torch.cuda.Stream(dev)):
+            torch.cuda._sleep(int(khz * cmd["busy_ms"]))
+            self.buffer.copy_(final)
+            if cmd["ordered"]:
+                x = tbn.transfer(self.agent, "WRITE", self.tensors, remote, cmd["peer"], notif=tag)
+                with x:
+                    x.wait(timeout=30)
+            else:
+                h = self.agent.initialize_xfer("WRITE", local, far, cmd["peer"], tag)
+                state = self.agent.transfer(h)
+                while state == "PROC":
+                    state = self.agent.check_xfer_state(h)
+                self.agent.release_xfer_handle(h)
         torch.cuda.synchronize(dev)
         fin = final.cpu().numpy()
         return {"final_digest": hashlib.sha256(fin.tobytes()).hexdigest()}
