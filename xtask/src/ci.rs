@@ -408,10 +408,8 @@ fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
     // NIXL beside the wheels where it has a wheel for the interpreter: its tests then fail
     // rather than skip if it does not load (`TB_REQUIRE_NIXL`).
     if let Some(nixl) = crate::nixl::install(steps, env)? {
-        let mut path = nixl.into_os_string();
-        path.push(":");
-        path.push(python_path(&site));
-        cmd.env("PYTHONPATH", path).env("TB_REQUIRE_NIXL", "1");
+        cmd.env("PYTHONPATH", python_path_with(&[&nixl, &site]))
+            .env("TB_REQUIRE_NIXL", "1");
     }
     let suite = steps.cmd(&format!("pytest ({})", env.name()), &mut cmd);
     let standin = pytest_standin(steps, env, &site);
@@ -462,7 +460,18 @@ pub(crate) fn pytest_cmd(env: &Venv, site: &Path, tests: &Path, paths: &[&Path])
 
 /// `site`, then the caller's `PYTHONPATH`.
 fn python_path(site: &Path) -> std::ffi::OsString {
-    let mut path = site.as_os_str().to_owned();
+    python_path_with(&[site])
+}
+
+/// `dirs` in order, then the caller's `PYTHONPATH`.
+pub(crate) fn python_path_with(dirs: &[&Path]) -> std::ffi::OsString {
+    let mut path = std::ffi::OsString::new();
+    for dir in dirs {
+        if !path.is_empty() {
+            path.push(":");
+        }
+        path.push(dir.as_os_str());
+    }
     if let Some(old) = env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
         path.push(":");
         path.push(old);

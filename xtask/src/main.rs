@@ -88,7 +88,12 @@ tasks:
       The sharing path (tensorbridge_cuda::ipc, the Python share/open) through the
       stand-in CUDA driver (crates/tensorbridge-cuda-standin, put in target/cuda-standin
       as libcuda.so.1): tensorbridge-cuda's cuda_driver tests, then the wheels and
-      test_share_driver.py and test_share_trust.py in the pinned environment. `ci` runs the same steps.
+      test_share_driver.py, test_share_trust.py and test_nixl_driver.py in the pinned environment.
+      `ci` runs the same steps.
+  test-nixl
+      What ci runs of NIXL, alone: libclang for nixl-sys (PyPI), NIXL beside the pinned
+      environment (python/requirements-nixl.txt, --no-deps), cargo test -p tensorbridge-nixl
+      (a Tensor to a Python process), then the wheels and test_nixl.py against a real agent.
   help
       This text.
 ";
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
         "venv" => venv_task(rest),
         "test-threads" => threads::run(rest),
         "test-standin" => standin::task(rest),
+        "test-nixl" => nixl::task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;

@@ -145,3 +145,34 @@ pub(crate) fn run(steps: &mut Steps, venv: &Venv) -> Result<()> {
             .env("UCX_NET_DEVICES", "lo"),
     )
 }
+
+/// `cargo xtask test-nixl`: what `ci` runs of NIXL, alone: libclang, NIXL beside the pinned
+/// environment, the Rust crate's test ([`run`]), then the wheels and the Python NIXL tests
+/// against a real agent (`test_nixl.py`, and `test_nixl_driver.py`, which skips without a
+/// CUDA driver).
+pub(crate) fn task(args: &[String]) -> Result<()> {
+    if let Some(arg) = args.first() {
+        bail!("unknown option `{arg}` for `test-nixl` (it takes none)");
+    }
+    let mut steps = Steps::new("test-nixl");
+    let result = (|| {
+        let venv = crate::venv::ensure(&mut steps)?;
+        bindgen_setup(&mut steps, &venv)?;
+        run(&mut steps, &venv)?;
+        let site = crate::ci::build_and_install_wheels(&mut steps, &venv)?;
+        let Some(nixl) = install(&mut steps, &venv)? else {
+            bail!("the pinned environment's CPython has no NIXL wheel");
+        };
+        let tests = root().join(crate::ci::PYTHON_CRATE).join("tests");
+        let files = [
+            tests.join("test_nixl.py"),
+            tests.join("test_nixl_driver.py"),
+        ];
+        let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
+        let mut cmd = crate::ci::pytest_cmd(&venv, &site, &tests, &paths);
+        cmd.env("PYTHONPATH", crate::ci::python_path_with(&[&nixl, &site]))
+            .env("TB_REQUIRE_NIXL", "1");
+        steps.cmd("pytest test_nixl.py test_nixl_driver.py (NIXL)", &mut cmd)
+    })();
+    steps.finish(result)
+}
