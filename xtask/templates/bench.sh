@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
 # groups (CPU and GPU) pinned to one core, copy_vs_share, the Python comparison, and a GPU
-# tensor handed to another process (tensorbridge vs torch.multiprocessing vs a pinned copy).
+# tensor handed to another process (tensorbridge vs torch.multiprocessing vs a pinned copy),
+# and NIXL across two GPUs (with TB_NIXL_WHEELS: tensorbridge + NIXL vs NIXL by hand vs NCCL).
 # Written by `cargo xtask test-gpu --bundle` from xtask/templates/bench.sh.
 # Usage: ./bench.sh [CRITERION ARGS...]; libpath.sh says how libraries are found.
 # TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
