@@ -100,6 +100,16 @@ class Side:
             buf.block_until_ready()
         else:
             raise ValueError(f"framework {fw!r}")
+        # A peer READs this memory with nothing ordering it after this process's GPU work
+        # (NIXL cannot: docs/NIXL.md), so the work that filled it is finished first.
+        if fw == "torch" and self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(torch.device(self.device))
+        elif fw == "cupy":
+            import cupy
+
+            cupy.cuda.Device(int(self.device.split(":")[1])).synchronize()
         self.buffer = buf
         if fw == "jax":  # a sending JAX side
             # One JAX array; its slices would be new buffers. One tensor, one descriptor.
