@@ -13,7 +13,8 @@ registration is one descriptor. Commands:
 - ``{"op": "peer", "md": ...}``: adds a remote agent; answers its name.
 - ``{"op": "wait", "peer": P, "tag": T}``: waits for P's notification T; answers the values
   (a SHA-256 digest of the bytes, and the values themselves when there are few).
-- ``{"op": "write_busy", ...}``: PyTorch on a GPU only: ``Side.write_busy``.
+- ``{"op": "write_busy", ...}``, ``{"op": "describe_busy", ...}``: PyTorch on a GPU only:
+  ``Side.write_busy``, ``Side.describe_busy``.
 - ``{"op": "read", "peer": P, "remote": R, "tag": T, "jax": J}``: READs R from P into this
   side's ``recv`` tensors, notifying T; answers the values (read through JAX when J).
 - ``{"op": "dereg"}``, ``{"op": "exit"}``.
@@ -144,6 +145,23 @@ class Side:
             out["values"] = [float(x) for x in host]
         return out
 
+    def describe_busy(self, cmd):
+        """PyTorch on the GPU: this side's buffer rewritten after ``busy_ms`` of device work
+        on a stream of its own, then described at once (``describe`` waits for that work),
+        for a peer to READ."""
+        import torch
+
+        dev = torch.device(self.device)
+        khz = getattr(torch.cuda.get_device_properties(dev), "clock_rate", 0) or 2_000_000
+        final = torch.arange(self.buffer.numel(), device=dev, dtype=self.buffer.dtype) * -1.0
+        torch.cuda.synchronize(dev)
+        with torch.cuda.device(dev), torch.cuda.stream(torch.cuda.Stream(dev)):
+            torch.cuda._sleep(int(khz * cmd["busy_ms"]))
+            self.buffer.copy_(final)
+            remote = tbn.describe(self.tensors)
+        fin = final.cpu().numpy()
+        return {"remote": b64(bytes(remote)), "final_digest": hashlib.sha256(fin.tobytes()).hexdigest()}
+
     def write_busy(self, cmd):
         """PyTorch on the GPU: the buffer's final values written after ``busy_ms`` of device
         work on the current stream, then a WRITE posted at once: through ``tbn.transfer``
@@ -192,6 +210,8 @@ class Side:
             return self.values()
         if op == "write_busy":
             return self.write_busy(cmd)
+        if op == "describe_busy":
+            return self.describe_busy(cmd)
         if op == "read":
             tag = cmd.get("tag", "").encode()
             x = tbn.transfer(

@@ -78,3 +78,5 @@ def test_ready_waits_on_a_private_stream_and_returns_views(alloc):
     [back] = tbn.ready([v])
     assert back.ptr == ptr and back.device == "cuda:0"
     assert tbn.ready(v)[0].ptr == ptr  # one tensor, not a list
+    remote = tbn.describe(v)  # waits as ready does
+    assert remote.mem_type == "VRAM" and remote.descs.tuples() == [(ptr, 1024, 0)]

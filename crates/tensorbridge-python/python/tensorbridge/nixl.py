@@ -593,10 +593,13 @@ class Remote:
         )
 
 
-def describe(tensors: Any, *, max_runs: int = MAX_RUNS) -> Remote:
+def describe(tensors: Any, *, max_runs: int = MAX_RUNS, wait: bool = True) -> Remote:
     """The description a peer needs to read or write ``tensors`` (send ``bytes(...)`` beside
-    the agent metadata). The tensors must also be registered with this process's agent."""
-    views = _views(tensors)
+    the agent metadata). The tensors must also be registered with this process's agent.
+    A peer's transfer is ordered after nothing in this process, so by default this returns
+    once the work pending on the tensors' producers has finished (``ready``); ``wait=False``
+    when the caller orders that itself."""
+    views = ready(tensors) if wait else _views(tensors)
     descs = _all_runs(views, max_runs, True)[1]
     return Remote(descs, _overlaps(descs), any(v.readonly for v in views))
 

@@ -1,6 +1,7 @@
 """``tensorbridge.nixl`` on GPUs: two processes on two GPUs for every producer/consumer pair
 among PyTorch, CuPy and JAX; a producer kept busy ~100 ms (the transfer carries the final
-values; the control, NIXL by hand, shows the race); 1,000 tensors of one allocation
+values; the control, NIXL by hand, shows the race; a peer READing a busy producer's tensors
+gets the final values, ``describe`` having waited); 1,000 tensors of one allocation
 registered as one descriptor; typed refusals of managed, virtual-memory and cross-allocation
 memory.
 
@@ -84,6 +85,23 @@ def test_busy_producer_transfer_carries_final_values(peers, ordered):
         # producer's 100 ms of work ends. If this ever matches, the ordering test above
         # proves nothing on this machine.
         assert got["digest"] != out["final_digest"], "the control did not show the race"
+
+
+def test_busy_producer_read_by_its_peer_gets_final_values(peers):
+    """The other direction: the peer READs, so nothing on the producer's side orders the
+    copy; ``describe`` waits for the producer's pending work before handing out the
+    description."""
+    two_gpus()
+    pytest.importorskip("torch")
+    prod = peers("busy-source", "torch", "cuda:0")
+    cons = peers("busy-reader", "torch", "cuda:1")
+    sent = prod.ask(op="send", n=N, k=K, dtype="float32", start=0)
+    recv = cons.ask(op="recv", n=N, k=K, dtype="float32")
+    cons.ask(op="peer", md=sent["md"])
+    prod.ask(op="peer", md=recv["md"])
+    out = prod.ask(op="describe_busy", busy_ms=100)
+    got = cons.ask(op="read", peer="busy-source", remote=out["remote"])
+    assert got["digest"] == out["final_digest"]
 
 
 def test_thousand_tensors_of_one_allocation_register_as_one_descriptor():
