@@ -117,7 +117,7 @@ fn section<'a>(doc: &'a str, crate_name: &str) -> &'a str {
 }
 
 /// (crate, error.rs, a variant the scanner must find, the least number of variants).
-const ENUMS: [(&str, &str, &str, usize); 9] = [
+const ENUMS: [(&str, &str, &str, usize); 10] = [
     (
         "tensorbridge",
         "crates/tensorbridge-core/src/error.rs",
@@ -172,6 +172,12 @@ const ENUMS: [(&str, &str, &str, usize); 9] = [
         "WrongBurnTensor",
         5,
     ),
+    (
+        "tensorbridge-nixl",
+        "crates/tensorbridge-nixl/src/lib.rs",
+        "TooManyRuns",
+        8,
+    ),
 ];
 
 #[test]
@@ -192,7 +198,7 @@ fn the_scanner_finds_every_variant() {
         assert!(
             found.iter().all(|v| v.template.is_some()
                 || [
-                    "Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python", "Candle"
+                    "Core", "Cuda", "Dlpack", "Cai", "Cudarc", "Python", "Candle", "Nixl"
                 ]
                 .contains(&v.name.as_str())),
             "{crate_name}: a non-transparent variant without a template: {found:?}"

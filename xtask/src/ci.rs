@@ -119,6 +119,9 @@ const EXTRA_STEPS: &[fn(&mut Steps, &Venv) -> Result<()>] = &[
     // benches/icount.txt: a conversion that got dearer fails here, on a machine without a
     // GPU (docs/TESTING.md, "The instruction-count gate").
     crate::icount::gate,
+    // tensorbridge-nixl against a real NIXL (left out of the `test` step): a tensor moved to
+    // a Python process.
+    crate::nixl::run,
 ];
 
 struct Options {
@@ -175,6 +178,8 @@ fn ci(steps: &mut Steps, options: &Options) -> Result<()> {
     // (`PYO3_PYTHON`): pyo3's build script reruns, and pyo3 and its dependents rebuild,
     // whenever the interpreter it finds changes.
     let venv = venv::ensure(steps)?;
+    // libclang for nixl-sys's bindgen, for every cargo command below (`Venv::cargo`).
+    crate::nixl::bindgen_setup(steps, &venv)?;
     // The other environments meanwhile (the pinned one is ready, so none of them waits for
     // it): pip downloads and unpacks while cargo compiles.
     let others: Vec<&'static Spec> = options
@@ -281,6 +286,8 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
     for package in PYTHON_PACKAGES {
         test.args(["--exclude", package]);
     }
+    // Its test needs NIXL's library on the loader's path: `nixl::run`, an extra step.
+    test.args(["--exclude", "tensorbridge-nixl"]);
     steps.cmd("test", &mut test)?;
     steps.cmd(
         "doc",
@@ -468,24 +475,33 @@ fn pyo3_tests(steps: &mut Steps, venv: &Venv) -> Result<()> {
     }
 }
 
-/// The wheels installed for `env` (as pip chooses among both builds), then the whole
-/// pytest suite but the GPU one, in `env`; then the driver tests (`test_share_driver.py`,
+/// The wheels installed for `env` (as pip chooses among both builds), and NIXL beside them
+/// (`nixl.rs`), then the whole pytest suite but the GPU one, in `env`; then the driver tests (`test_share_driver.py`,
 /// which skip in the suite's run for want of a libcuda) again through the stand-in driver
 /// that the Rust checks built (`standin.rs`).
 fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
     let site = install_wheels(steps, env)?;
     let tests = root().join(PYTHON_CRATE).join("tests");
-    let suite = steps.cmd(
-        &format!("pytest ({})", env.name()),
-        &mut pytest_cmd(env, &site, &tests, &[tests.as_path()]),
-    );
+    let mut cmd = pytest_cmd(env, &site, &tests, &[tests.as_path()]);
+    // NIXL beside the wheels where it has a wheel for the interpreter: its tests then fail
+    // rather than skip if it does not load (`TB_REQUIRE_NIXL`).
+    if let Some(nixl) = crate::nixl::install(steps, env)? {
+        cmd.env("PYTHONPATH", python_path_with(&[&nixl, &site]))
+            .env("TB_REQUIRE_NIXL", "1");
+    }
+    let suite = steps.cmd(&format!("pytest ({})", env.name()), &mut cmd);
     let standin = pytest_standin(steps, env, &site);
     suite.and(standin)
 }
 
 /// The Python package's tests that need a CUDA driver, the real one or the stand-in: the
-/// sharing path, and the sharing protocol's trust model (ARCHITECTURE.md).
-pub(crate) const DRIVER_TESTS: &[&str] = &["test_share_driver.py", "test_share_trust.py"];
+/// sharing path, the sharing protocol's trust model (ARCHITECTURE.md), and the CUDA half of
+/// `tensorbridge.nixl`'s descriptors.
+pub(crate) const DRIVER_TESTS: &[&str] = &[
+    "test_share_driver.py",
+    "test_share_trust.py",
+    "test_nixl_driver.py",
+];
 
 /// [`DRIVER_TESTS`] in `env` with the wheels of `site`, through the stand-in driver
 /// (`standin.rs`, built before), failing rather than skipping when it does not load.
@@ -522,7 +538,18 @@ pub(crate) fn pytest_cmd(env: &Venv, site: &Path, tests: &Path, paths: &[&Path])
 
 /// `site`, then the caller's `PYTHONPATH`.
 fn python_path(site: &Path) -> std::ffi::OsString {
-    let mut path = site.as_os_str().to_owned();
+    python_path_with(&[site])
+}
+
+/// `dirs` in order, then the caller's `PYTHONPATH`.
+pub(crate) fn python_path_with(dirs: &[&Path]) -> std::ffi::OsString {
+    let mut path = std::ffi::OsString::new();
+    for dir in dirs {
+        if !path.is_empty() {
+            path.push(":");
+        }
+        path.push(dir.as_os_str());
+    }
     if let Some(old) = env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
         path.push(":");
         path.push(old);

@@ -13,6 +13,7 @@ mod cuda_toolkit;
 mod demo;
 mod fuzz;
 mod icount;
+mod nixl;
 mod release;
 mod standin;
 mod tch_range;
@@ -98,7 +99,8 @@ tasks:
       The sharing path (tensorbridge_cuda::ipc, the Python share/open) through the
       stand-in CUDA driver (crates/tensorbridge-cuda-standin, put in target/cuda-standin
       as libcuda.so.1): tensorbridge-cuda's cuda_driver tests, then the wheels and
-      test_share_driver.py and test_share_trust.py in the pinned environment. `ci` runs the same steps.
+      test_share_driver.py, test_share_trust.py and test_nixl_driver.py in the pinned environment.
+      `ci` runs the same steps.
   test-aarch64
       aarch64 Linux from this x86-64 machine: the Rust target, qemu-aarch64 (Debian's
       qemu-user) and an arm64 sysroot (Debian's CPython 3.11 and PyPI's aarch64 NumPy and
@@ -108,6 +110,10 @@ tasks:
       the smoke tests (xtask/src/aarch64.rs, SMOKE_TESTS) run on it under qemu; then cargo
       check --target aarch64-unknown-linux-gnu of the workspace but tensorbridge-tch.
       `ci` runs the same steps.
+  test-nixl
+      What ci runs of NIXL, alone: libclang for nixl-sys (PyPI), NIXL beside the pinned
+      environment (python/requirements-nixl.txt, --no-deps), cargo test -p tensorbridge-nixl
+      (a Tensor to a Python process), then the wheels and test_nixl.py against a real agent.
   help
       This text.
 ";
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
         "test-threads" => threads::run(rest),
         "test-standin" => standin::task(rest),
         "test-aarch64" => aarch64::task(rest),
+        "test-nixl" => nixl::task(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             return ExitCode::SUCCESS;

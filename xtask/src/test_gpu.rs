@@ -494,6 +494,7 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
         "benches/python/compare.py",
         "benches/python/breakdown.py",
         "benches/python/ipc.py",
+        "benches/python/nixl.py",
         "benches/plot_copy_vs_share.py",
     ] {
         let from = root().join(script);

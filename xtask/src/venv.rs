@@ -167,10 +167,13 @@ impl Venv {
     }
 
     /// `cargo`, run in the workspace root, with pyo3 pointed at this environment's Python
-    /// (`PYO3_PYTHON`), so every build agrees on the interpreter and nothing rebuilds.
+    /// (`PYO3_PYTHON`), so every build agrees on the interpreter and nothing rebuilds, and
+    /// bindgen at libclang where `ci` installed one.
     pub(crate) fn cargo(&self) -> Command {
         let mut cmd = crate::cargo();
         cmd.env("PYO3_PYTHON", self.python());
+        // libclang for nixl-sys's bindgen, once `ci` has found it (`nixl::bindgen_setup`).
+        cmd.envs(crate::nixl::bindgen_env().iter().map(|(k, v)| (k, v)));
         cmd
     }
 
@@ -555,6 +558,8 @@ mod tests {
             .chain([&&FREE_THREADED, &&TCH_NEWEST])
             .map(|s| s.requirements.to_owned())
             .collect();
+        // Not an environment: installed beside the environments (`nixl.rs`).
+        declared.push(crate::nixl::REQUIREMENTS.to_owned());
         declared.sort();
         assert_eq!(files, declared);
         for spec in ENVS.iter().chain([&&FREE_THREADED]) {
@@ -567,15 +572,19 @@ mod tests {
                 );
             }
         }
-        for spec in ENVS.iter().chain([&&FREE_THREADED, &&TCH_NEWEST]) {
-            let text = fs::read_to_string(root().join(spec.requirements)).unwrap();
+        let pinned = ENVS
+            .iter()
+            .chain([&&FREE_THREADED, &&TCH_NEWEST])
+            .map(|s| s.requirements)
+            .chain([crate::nixl::REQUIREMENTS]);
+        for requirements in pinned {
+            let text = fs::read_to_string(root().join(requirements)).unwrap();
             // Exact pins only: the cache key is the file, so a range would hide a new release.
             for line in text.lines().map(str::trim) {
                 if !line.is_empty() && !line.starts_with('#') {
                     assert!(
                         line.contains("=="),
-                        "{}: `{line}` is not pinned",
-                        spec.requirements
+                        "{requirements}: `{line}` is not pinned"
                     );
                 }
             }

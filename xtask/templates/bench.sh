@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs tensorbridge's benches on a GPU machine without a Rust toolchain: the criterion
 # groups (CPU and GPU) pinned to one core, copy_vs_share, the Python comparison, and a GPU
-# tensor handed to another process (tensorbridge vs torch.multiprocessing vs a pinned copy).
+# tensor handed to another process (tensorbridge vs torch.multiprocessing vs a pinned copy),
+# and NIXL across two GPUs (with TB_NIXL_WHEELS: tensorbridge + NIXL vs NIXL by hand vs NCCL).
 # Written by `cargo xtask test-gpu --bundle` from xtask/templates/bench.sh.
 # Usage: ./bench.sh [CRITERION ARGS...]; libpath.sh says how libraries are found.
 # TB_BENCH_CPU picks the core (default 5); results go to $OUT (default ./bench-out).
@@ -36,3 +37,14 @@ fi
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/compare.py"
 echo "==> sharing with another process (ipc.py)"
 OUT="$out" PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" pin "$py" "$here/benches/ipc.py"
+echo "==> NIXL across two GPUs (nixl.py)"
+# NIXL from the folder of wheels TB_NIXL_WHEELS (installed by run.sh, or here); skipped, saying
+# so, without it or without two GPUs. Not pinned to one core: two processes and NCCL.
+if [ -n "${TB_NIXL_WHEELS:-}" ] && [ ! -d "$here/nixl" ]; then
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$TB_NIXL_WHEELS" --target "$here/nixl" nixl-cu13
+fi
+if [ -d "$here/nixl" ]; then
+    OUT="$out" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" PYTHONPATH="$here/py:$here/nixl${PYTHONPATH:+:$PYTHONPATH}" "$py" "$here/benches/nixl.py"
+else
+    echo "skipped: TB_NIXL_WHEELS is not set (a folder holding the nixl-cu13 wheel for this Python)"
+fi

@@ -56,9 +56,25 @@ tests="$here/@PYTHON_TESTS@"
 # The GPU suite and the native smoke tests (their GPU half runs only where there is a GPU).
 suites=("$tests/test_native_smoke.py")
 [ -d "$tests/gpu" ] && suites+=("$tests/gpu")
-rm -rf "$here/py"
+rm -rf "$here/py" "$here/nixl"
+# NIXL travels apart from the bundle (its wheels carry NVIDIA modules that may not be
+# redistributed): a folder of nixl-cu13 wheels named by TB_NIXL_WHEELS is installed beside the
+# bundle, and its tests then must run (TB_REQUIRE_NIXL=1); without it they skip, saying so.
+nixl_path=""
+if [ -n "${TB_NIXL_WHEELS:-}" ]; then
+    if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$TB_NIXL_WHEELS" --target "$here/nixl" nixl-cu13; then
+        nixl_path="$here/nixl"
+        export TB_REQUIRE_NIXL=1 UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
+        echo "NIXL: installed from $TB_NIXL_WHEELS into $here/nixl"
+    else
+        echo "NIXL: could not install nixl-cu13 from TB_NIXL_WHEELS=$TB_NIXL_WHEELS; its tests will fail"
+        export TB_REQUIRE_NIXL=1
+    fi
+else
+    echo "NIXL: TB_NIXL_WHEELS is not set; the NIXL tests (test_gpu_nixl.py) skip"
+fi
 if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example \
-    && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
+    && PYTHONPATH="$here/py${nixl_path:+:$nixl_path}${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
         --rootdir "$tests" "${suites[@]}" ${PYTEST_ARGS:-}; then
     passed=$((passed + 1))
 else
@@ -70,7 +86,7 @@ fi
 # killed-consumer test reads that report.
 echo "==> python: the sharing tests on the real driver"
 if PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
-        --rootdir "$tests" "$tests/test_share_driver.py" "$tests/test_share_trust.py" ${PYTEST_ARGS:-}; then
+        --rootdir "$tests" "$tests/test_share_driver.py" "$tests/test_share_trust.py" "$tests/test_nixl_driver.py" ${PYTEST_ARGS:-}; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1))
