@@ -163,9 +163,13 @@ pub(crate) fn import(
         TorchTable::Ordinary => None,
     };
     let (access, provenance) = match table {
-        // Read-only whatever `requires_grad` says (not asked): PyTorch exports such a tensor
-        // read-only, with the flag.
-        TorchTable::ReadOnly => (Access::ReadOnly, crate::floor::access::Provenance::Flagged),
+        // Read-only whatever `requires_grad` says: PyTorch exports such a tensor read-only,
+        // with the flag, unless it requires grad, which PyTorch refuses (wrapper or not).
+        TorchTable::ReadOnly => {
+            let requires_grad = torch.requires_grad.bind(py).call1((obj,))?;
+            let (_, provenance) = crate::floor::access::torch(requires_grad.is_truthy()?);
+            (Access::ReadOnly, provenance)
+        }
         TorchTable::Ordinary => {
             // Exactly `torch.Tensor`: the attribute is `TensorBase`'s getter (cheaper than
             // calling it); a subclass may define its own, so its getter is called directly.
