@@ -14,6 +14,8 @@ threads' work ends while CPython finalises), and asserts a clean exit, several t
 paths with real work in flight are ``gpu/test_gpu_exit.py``.
 """
 
+import importlib.util
+
 import pytest
 
 from tbhelpers import run_isolated
@@ -93,6 +95,19 @@ from test_share import encode, spec
 h = tb.Handle(encode(spec()))
 def step():
     tb.open(h)
+"""
+
+# The PyTorch import asks the tensor questions through PyTorch's methods (`is_neg`,
+# `requires_grad`), whose bindings release the GIL around their work: a daemon thread ended
+# inside one at exit unwinds through PyTorch's C++ frames and the C++ runtime aborts the
+# process ("terminate called without an active exception"; every run, before the import ran
+# under the exit gate).
+if importlib.util.find_spec("torch"):
+    PATHS["torch_import"] = """
+import torch
+x = torch.ones(1024)
+def step():
+    tb.asview(x)
 """
 
 

@@ -42,11 +42,15 @@
 //! All of it is one atomic word, so a fork only has to forget the other threads' counts
 //! (`os.register_at_fork`): the forking thread holds the GIL and is counted nowhere.
 //!
-//! What stays possible: Python code that CPython runs on a daemon thread under one of our
-//! frames while the GIL is held (a producer's `__dlpack__`, a finaliser our release
-//! triggers) may give the GIL up at the interpreter's request and wait for it again; if
-//! finalisation begins in that instant, CPython ends the thread there. Every extension module
-//! shares that window on CPython 3.13 and older; our own waits are out of it.
+//! - Python code our frames call with the GIL held (a producer's `__dlpack__`, PyTorch's
+//!   tensor methods, which release the GIL around their work: a daemon thread ended inside
+//!   one at exit unwinds through PyTorch's C++ frames, and the C++ runtime aborts the
+//!   process) runs under [`enter_python`]: counted `RETURNING` while the gate is open, so the
+//!   exit waits for it; once it is closed, a thread about to run such code parks instead.
+//!
+//! What stays possible: a finaliser our release triggers, and Python code that runs under
+//! our frames without [`enter_python`], may give the GIL up at the interpreter's request and
+//! wait for it again; if finalisation begins in that instant, CPython ends the thread there.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -162,6 +166,45 @@ where
 /// thread must not take it.
 pub(crate) fn enter_attached() -> Option<Returning> {
     enter(&GATE, RETURNING).then_some(Returning(&GATE))
+}
+
+/// For a thread that holds the GIL and is about to run Python code under our frames (a
+/// producer's `__dlpack__`, PyTorch's tensor methods, which release the GIL around their
+/// work and take it back): the guard to hold while it may, counted `RETURNING`, so that the
+/// exit waits until it is out (the exit function waits with the GIL released: such a thread
+/// runs on, takes the GIL back before finalisation, and leaves). Once the exit has begun, a
+/// thread other than the main one never runs such code again: it gives the GIL up and parks
+/// for ever, as CPython 3.14 parks threads at exit, and ends with the process (CPython would
+/// end it with `pthread_exit` at its next wait for the GIL, an unwind through our frames and
+/// the frameworks' C++ ones that aborts the process). The main thread runs the exit itself
+/// (later exit functions may call us): it goes on, uncounted.
+pub(crate) fn enter_python(py: Python<'_>) -> Option<Returning> {
+    install(py);
+    if enter(&GATE, RETURNING) {
+        return Some(Returning(&GATE));
+    }
+    if is_main_thread() {
+        return None;
+    }
+    // SAFETY: this thread holds the GIL (`py`); it gives it up and never asks for it again,
+    // so the thread state it returns is never restored, and nothing of this thread's runs
+    // Python code afterwards (it parks until the process ends).
+    let _ = unsafe { pyo3::ffi::PyEval_SaveThread() };
+    park_for_ever()
+}
+
+/// Whether this is the process's main thread (the one whose thread id is the process id).
+#[cfg(target_os = "linux")]
+fn is_main_thread() -> bool {
+    // SAFETY: plain system calls without arguments.
+    unsafe { libc::gettid() == libc::getpid() }
+}
+
+/// Elsewhere the main thread cannot be told cheaply: no thread parks (the gate counts as
+/// before; the exit still waits for the threads inside).
+#[cfg(not(target_os = "linux"))]
+fn is_main_thread() -> bool {
+    true
 }
 
 /// Registers the exit function and the fork handler, once per process (a no-op after the

@@ -152,7 +152,10 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Resul
 pub(crate) fn import(obj: &Bound<'_, PyAny>, consumer: Consumer) -> Result<Imported> {
     // Owners made here may be released by threads that take the GIL (the reaper): the exit
     // must wait for them (`ffi::exit`). One atomic load once installed.
-    crate::ffi::exit::install(obj.py());
+    // Routes run Python code under this frame (PyTorch's methods, producers' `__dlpack__`),
+    // which may give the GIL up and take it back: held off once the exit has begun
+    // (`ffi::exit::enter_python`, which also installs the exit function).
+    let _python = crate::ffi::exit::enter_python(obj.py());
     let facts = route::facts(obj)?;
     match facts.route {
         Route::OwnView => {
