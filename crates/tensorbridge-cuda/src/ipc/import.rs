@@ -19,9 +19,10 @@ use crate::CaptureStatus;
 use crate::Error;
 use crate::capture::{Fork, WaitPlan, capture_of, keep_with_graph, plan_wait};
 use crate::context::{bind, device, device_of_stream};
-use crate::event::Wait;
+use crate::event::{Event, Wait};
 use crate::raw::ensure_driver;
 use crate::raw_stream;
+use crate::scope::with_spare;
 
 /// What this process has open of other processes' shares. Lifetime files and holds are
 /// found again through weak references (the tensors own them); mappings and imported events
@@ -378,6 +379,30 @@ unsafe fn wait(
         WaitPlan::Wait => Wait::Default,
         WaitPlan::WaitExternal(_) => Wait::External,
     };
+    let home = event.0.context();
+    if home.cu_ctx() != ctx.cu_ctx() {
+        // A stream of another GPU than the share's: the driver crashed (SIGSEGV inside
+        // `cuStreamWaitEvent`, two H200s) when such a stream waited on an interprocess event
+        // opened on the share's GPU. The wait hops through that GPU: a spare stream there
+        // waits on the interprocess event and records an ordinary event, which `stream`
+        // waits on (an event of another device, which `cuStreamWaitEvent` takes). Nothing
+        // waits on the host.
+        let hop = Event::in_context(home)?;
+        with_spare(home, |spare| {
+            // SAFETY: the spare stream is live in `home` for the closure; the imported event
+            // is open (kept by its exporter while this process holds the share).
+            unsafe { event.0.make_wait_in(spare.cu_stream(), home, Wait::Default) }?;
+            // SAFETY: as above; `hop` is an event of `home`, the spare stream's context.
+            unsafe { hop.record(spare.cu_stream()) }
+        })?;
+        // SAFETY: `stream` is live (obligation 1); `hop` is live until it drops below (or
+        // with the graph that waits on it).
+        unsafe { hop.make_wait_in(stream, ctx, how) }?;
+        if let WaitPlan::WaitExternal(active) = plan {
+            keep_with_graph(active, Box::new(hop));
+        }
+        return Ok(());
+    }
     // SAFETY: `stream` is live (obligation 1); the event is an open imported event, which its
     // exporter keeps alive while this process holds the share.
     unsafe { event.0.make_wait_in(stream, ctx, how) }?;

@@ -113,11 +113,10 @@
 //!   name) denies this user sharing with a typed error; nothing more.
 //! - A forked child cannot use CUDA, hence neither side of a share; it may drop what it
 //!   inherited (a no-op).
-//! - Known defect, not yet traced: on a machine with two GPUs, a consumer whose stream is on
-//!   another GPU than the share's memory died with SIGSEGV inside [`import`] (the driver
-//!   tests' `a_share_on_the_second_gpu_is_found_by_uuid`, two H200s). Open on a stream of
-//!   the share's own GPU (its ordinal in this process: the tensor's device after a
-//!   same-GPU open), as the Python `open` does by default.
+//! - A consumer stream on another GPU than the share's waits for the producer through the
+//!   share's GPU (a spare stream there waits on the interprocess event; the consumer's
+//!   stream waits on an ordinary event it records): the driver crashed when a stream waited
+//!   on an interprocess event opened on another device.
 
 mod cuda;
 mod export;
