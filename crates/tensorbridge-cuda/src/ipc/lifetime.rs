@@ -411,6 +411,19 @@ pub(crate) enum Refusal {
     File(Error),
 }
 
+/// The header a producer writes at the start of its lifetime file.
+fn header_bytes(producer: ProcessId, uid: u32, nonce: u64) -> [u8; HEADER] {
+    let mut header = [0u8; HEADER];
+    header[..8].copy_from_slice(&FILE_MAGIC.to_le_bytes());
+    header[8..12].copy_from_slice(&FILE_VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&SLOTS.to_le_bytes());
+    header[16..20].copy_from_slice(&producer.pid.to_le_bytes());
+    header[20..24].copy_from_slice(&uid.to_le_bytes());
+    header[24..32].copy_from_slice(&producer.start.to_le_bytes());
+    header[32..40].copy_from_slice(&nonce.to_le_bytes());
+    header
+}
+
 /// A lifetime file, open.
 pub(crate) struct SlotFile {
     file: File,
@@ -552,14 +565,7 @@ impl SlotFile {
                     &std::io::Error::from_raw_os_error(libc::EAGAIN),
                 ));
             }
-            let mut header = [0u8; HEADER];
-            header[..8].copy_from_slice(&FILE_MAGIC.to_le_bytes());
-            header[8..12].copy_from_slice(&FILE_VERSION.to_le_bytes());
-            header[12..16].copy_from_slice(&SLOTS.to_le_bytes());
-            header[16..20].copy_from_slice(&me.pid.to_le_bytes());
-            header[20..24].copy_from_slice(&uid.to_le_bytes());
-            header[24..32].copy_from_slice(&me.start.to_le_bytes());
-            header[32..40].copy_from_slice(&nonce.to_le_bytes());
+            let header = header_bytes(me, uid, nonce);
             file.write_all_at(&header, 0)
                 .map_err(|e| os_error("write", &path, &e))?;
             // SAFETY: both names are NUL-terminated and live; both relative to `dir`.
@@ -654,12 +660,17 @@ impl SlotFile {
         }))
     }
 
-    /// Whether the file still has its format's size (a consumer refuses any other): the
-    /// producer puts no new share in a file that was shrunk or grown.
+    /// Whether the file still has its format's size and the header its producer wrote (a
+    /// consumer refuses any other): the producer puts no new share in a file that was
+    /// shrunk, grown or written over (an idle file is kept for the next share: this is what
+    /// keeps a damaged one from being reused).
     pub(crate) fn intact(&self) -> bool {
+        let mut header = [0u8; HEADER];
         self.file
             .metadata()
             .is_ok_and(|m| m.len() == FILE_BYTES as u64)
+            && self.file.read_exact_at(&mut header, 0).is_ok()
+            && header == header_bytes(self.producer, uid(), self.nonce)
     }
 
     /// Whether the producer still holds its liveness lock (its process, or a forked child of
