@@ -14,13 +14,13 @@ use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
-use crate::floor::access::Provenance;
 use crate::convert::stream_from_py;
 use crate::error::{Error, Result};
 use crate::export::capsule::{legacy_capsule, versioned_capsule};
 use crate::export::copy;
 use crate::export::interfaces::{array_to_py, cai_to_py};
 use crate::export::refuse_negative_strides;
+use crate::floor::access::Provenance;
 use crate::floor::view::View;
 
 impl View {

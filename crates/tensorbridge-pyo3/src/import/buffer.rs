@@ -7,10 +7,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use tensorbridge::{Access, Layout, RawTensor, Ready};
 
-use crate::floor::access::Provenance;
 use crate::convert::dtype_from_format;
 use crate::error::{Error, Result};
 use crate::ffi::{PYBUF_FORMAT, PYBUF_SIMPLE, PYBUF_STRIDES, PYBUF_WRITABLE};
+use crate::floor::access::Provenance;
 use crate::import::{Imported, Pin};
 use crate::owner::HeldBuffer;
 

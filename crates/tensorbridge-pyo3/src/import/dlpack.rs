@@ -10,9 +10,9 @@ use tensorbridge::{
 };
 use tensorbridge_dlpack::{import_legacy, import_versioned};
 
-use crate::floor::access::Provenance;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
+use crate::floor::access::Provenance;
 use crate::import::capsule::{Consumed, consume};
 use crate::import::exchange::ExchangeApi;
 use crate::import::route::TypeFacts;

@@ -10,9 +10,9 @@ use tensorbridge_cai::{
     DescrFormat, ImportOptions, TypeKind, TypeStr,
 };
 
-use crate::floor::access::Provenance;
 use crate::convert::{dtype_from_py, type_name};
 use crate::error::{Error, Result};
+use crate::floor::access::Provenance;
 use crate::import::{Consumer, Imported, Pin, buffer, order_consumer};
 
 /// Which dict a message is about.

@@ -54,9 +54,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use tensorbridge::{Descriptor, Owner, Ready, Stream, Tensor};
 
-use crate::floor::access::Provenance;
 use crate::convert::type_name;
 use crate::error::{Error, Result};
+use crate::floor::access::Provenance;
 use crate::floor::view::View;
 use crate::owner::KeepAlive;
 // The floor's readiness and stream reading, under the names the routes have always used.
