@@ -196,8 +196,11 @@ pub(crate) fn enter_python(py: Python<'_>) -> Option<Returning> {
 /// Whether this is the process's main thread (the one whose thread id is the process id).
 #[cfg(target_os = "linux")]
 fn is_main_thread() -> bool {
-    // SAFETY: plain system calls without arguments.
-    unsafe { libc::gettid() == libc::getpid() }
+    // SAFETY: a plain system call without arguments.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: as above.
+    let pid = unsafe { libc::getpid() };
+    tid == pid
 }
 
 /// Elsewhere the main thread cannot be told cheaply: no thread parks (the gate counts as
