@@ -475,23 +475,21 @@ fn pyo3_tests(steps: &mut Steps, venv: &Venv) -> Result<()> {
     }
 }
 
-/// The wheels installed for `env` (as pip chooses among both builds), and NIXL beside them
-/// (`nixl.rs`), then the whole pytest suite but the GPU one, in `env`; then the driver tests (`test_share_driver.py`,
+/// The wheels installed for `env` (as pip chooses among both builds), then the whole
+/// pytest suite but the GPU one, in `env` (its NIXL tests skip there); then the NIXL tests
+/// again, with NIXL, in a process of their own (`nixl::pytest`); then the driver tests (`test_share_driver.py`,
 /// which skip in the suite's run for want of a libcuda) again through the stand-in driver
 /// that the Rust checks built (`standin.rs`).
 fn pytest(steps: &mut Steps, env: &Venv) -> Result<()> {
     let site = install_wheels(steps, env)?;
     let tests = root().join(PYTHON_CRATE).join("tests");
-    let mut cmd = pytest_cmd(env, &site, &tests, &[tests.as_path()]);
-    // NIXL beside the wheels where it has a wheel for the interpreter: its tests then fail
-    // rather than skip if it does not load (`TB_REQUIRE_NIXL`).
-    if let Some(nixl) = crate::nixl::install(steps, env)? {
-        cmd.env("PYTHONPATH", python_path_with(&[&nixl, &site]))
-            .env("TB_REQUIRE_NIXL", "1");
-    }
-    let suite = steps.cmd(&format!("pytest ({})", env.name()), &mut cmd);
+    let suite = steps.cmd(
+        &format!("pytest ({})", env.name()),
+        &mut pytest_cmd(env, &site, &tests, &[tests.as_path()]),
+    );
+    let nixl = crate::nixl::pytest(steps, env, &site);
     let standin = pytest_standin(steps, env, &site);
-    suite.and(standin)
+    suite.and(nixl).and(standin)
 }
 
 /// The Python package's tests that need a CUDA driver, the real one or the stand-in: the

@@ -146,10 +146,29 @@ pub(crate) fn run(steps: &mut Steps, venv: &Venv) -> Result<()> {
     )
 }
 
+/// The Python NIXL tests (`test_nixl.py`) with NIXL beside the wheels of `site` ([`install`])
+/// and `TB_REQUIRE_NIXL=1`, in a pytest process of their own: NIXL cannot be loaded into a
+/// process that has imported TensorFlow (both bundle gRPC; the process exits), and the main
+/// suite imports TensorFlow. Reported as skipped where NIXL has no wheel for the interpreter.
+pub(crate) fn pytest(steps: &mut Steps, env: &Venv, site: &std::path::Path) -> Result<()> {
+    let Some(nixl) = install(steps, env)? else {
+        return Ok(());
+    };
+    let tests = root().join(crate::ci::PYTHON_CRATE).join("tests");
+    let file = tests.join("test_nixl.py");
+    let mut cmd = crate::ci::pytest_cmd(env, site, &tests, &[file.as_path()]);
+    cmd.env("PYTHONPATH", crate::ci::python_path_with(&[&nixl, site]))
+        .env("TB_REQUIRE_NIXL", "1");
+    steps.cmd(
+        &format!("pytest test_nixl.py with NIXL ({})", env.name()),
+        &mut cmd,
+    )
+}
+
 /// `cargo xtask test-nixl`: what `ci` runs of NIXL, alone: libclang, NIXL beside the pinned
 /// environment, the Rust crate's test ([`run`]), then the wheels and the Python NIXL tests
-/// against a real agent (`test_nixl.py`, and `test_nixl_driver.py`, which skips without a
-/// CUDA driver).
+/// against a real agent ([`pytest`]); `test_nixl_driver.py` runs with the stand-in driver
+/// (`test-standin`).
 pub(crate) fn task(args: &[String]) -> Result<()> {
     if let Some(arg) = args.first() {
         bail!("unknown option `{arg}` for `test-nixl` (it takes none)");
@@ -160,19 +179,7 @@ pub(crate) fn task(args: &[String]) -> Result<()> {
         bindgen_setup(&mut steps, &venv)?;
         run(&mut steps, &venv)?;
         let site = crate::ci::build_and_install_wheels(&mut steps, &venv)?;
-        let Some(nixl) = install(&mut steps, &venv)? else {
-            bail!("the pinned environment's CPython has no NIXL wheel");
-        };
-        let tests = root().join(crate::ci::PYTHON_CRATE).join("tests");
-        let files = [
-            tests.join("test_nixl.py"),
-            tests.join("test_nixl_driver.py"),
-        ];
-        let paths: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
-        let mut cmd = crate::ci::pytest_cmd(&venv, &site, &tests, &paths);
-        cmd.env("PYTHONPATH", crate::ci::python_path_with(&[&nixl, &site]))
-            .env("TB_REQUIRE_NIXL", "1");
-        steps.cmd("pytest test_nixl.py test_nixl_driver.py (NIXL)", &mut cmd)
+        pytest(&mut steps, &venv, &site)
     })();
     steps.finish(result)
 }

@@ -57,29 +57,39 @@ tests="$here/@PYTHON_TESTS@"
 suites=("$tests/test_native_smoke.py")
 [ -d "$tests/gpu" ] && suites+=("$tests/gpu")
 rm -rf "$here/py" "$here/nixl"
-# NIXL travels apart from the bundle (its wheels carry NVIDIA modules that may not be
-# redistributed): a folder of nixl-cu13 wheels named by TB_NIXL_WHEELS is installed beside the
-# bundle, and its tests then must run (TB_REQUIRE_NIXL=1); without it they skip, saying so.
-nixl_path=""
-if [ -n "${TB_NIXL_WHEELS:-}" ]; then
-    if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$TB_NIXL_WHEELS" --target "$here/nixl" nixl-cu13; then
-        nixl_path="$here/nixl"
-        export TB_REQUIRE_NIXL=1 UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
-        echo "NIXL: installed from $TB_NIXL_WHEELS into $here/nixl"
-    else
-        echo "NIXL: could not install nixl-cu13 from TB_NIXL_WHEELS=$TB_NIXL_WHEELS; its tests will fail"
-        export TB_REQUIRE_NIXL=1
-    fi
-else
-    echo "NIXL: TB_NIXL_WHEELS is not set; the NIXL tests (test_gpu_nixl.py) skip"
-fi
 if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$here" --target "$here/py" tensorbridge tensorbridge_example \
-    && PYTHONPATH="$here/py${nixl_path:+:$nixl_path}${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
-        --rootdir "$tests" "${suites[@]}" ${PYTEST_ARGS:-}; then
+    && PYTHONPATH="$here/py${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
+        --rootdir "$tests" "${suites[@]}" --ignore "$tests/gpu/test_gpu_nixl.py" ${PYTEST_ARGS:-}; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1))
     echo "FAILED: python GPU suite"
+fi
+# NIXL travels apart from the bundle (its wheels carry NVIDIA modules that may not be
+# redistributed): a folder of nixl-cu13 wheels named by TB_NIXL_WHEELS is installed beside the
+# bundle and its tests run in a pytest process of their own (NIXL's UCX hooks CUDA's allocator
+# in the process that makes an agent), where they must run (TB_REQUIRE_NIXL=1); without it
+# they skip, saying so.
+echo "==> python: NIXL across two GPUs (test_gpu_nixl.py)"
+nixl_path=""
+if [ -n "${TB_NIXL_WHEELS:-}" ]; then
+    if "$py" -m pip install -q --disable-pip-version-check --no-deps --no-index --find-links "$TB_NIXL_WHEELS" --target "$here/nixl" nixl-cu13; then
+        nixl_path="$here/nixl"
+        echo "NIXL: installed from $TB_NIXL_WHEELS into $here/nixl"
+    else
+        echo "NIXL: could not install nixl-cu13 from TB_NIXL_WHEELS=$TB_NIXL_WHEELS; its tests will fail"
+    fi
+    nixl_env=(TB_REQUIRE_NIXL=1 "UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}")
+else
+    echo "NIXL: TB_NIXL_WHEELS is not set (a folder holding the nixl-cu13 wheel for this Python); these tests skip"
+    nixl_env=()
+fi
+if env "${nixl_env[@]}" PYTHONPATH="$here/py${nixl_path:+:$nixl_path}${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -q -p no:cacheprovider \
+        --rootdir "$tests" "$tests/gpu/test_gpu_nixl.py" ${PYTEST_ARGS:-}; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAILED: python NIXL GPU tests"
 fi
 # The sharing tests that CI runs on the stand-in driver, here on the real one, in a process of
 # their own as in CI: a process reports a dead consumer on stderr once, and the GPU suite's
@@ -92,5 +102,5 @@ else
     failed=$((failed + 1))
     echo "FAILED: python sharing tests on the real driver"
 fi
-echo "GPU bundle: ${#binaries[@]} binaries and two Python suites, $passed passed, $failed failed"
+echo "GPU bundle: ${#binaries[@]} binaries and three Python suites, $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -21,6 +21,17 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import pytest  # noqa: E402
 
+# NIXL cannot be loaded after TensorFlow (both bundle gRPC; the process exits), and the report
+# header below imports TensorFlow: where the NIXL tests must run (`TB_REQUIRE_NIXL=1`), NIXL is
+# loaded first. A failure here is left to those tests to report.
+if os.environ.get("TB_REQUIRE_NIXL") == "1":
+    try:
+        import tensorbridge.nixl
+
+        tensorbridge.nixl.import_nixl()
+    except ImportError:
+        pass
+
 
 def pytest_report_header(config):
     """One line per framework found, so a run's log says what was (not) exercised."""

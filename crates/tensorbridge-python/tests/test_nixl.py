@@ -4,7 +4,9 @@ Descriptor arithmetic is checked without NIXL (runs read back byte for byte agai
 tensor's own element order; pairs replayed in-process with memmove); registration and
 transfers run through a real NIXL agent (UCX on loopback) and two processes: a NumPy
 producer and a PyTorch consumer, and the reverse. Skipped where NIXL is not installed, a
-failure with ``TB_REQUIRE_NIXL=1`` (CI installs it: ``python/requirements-nixl.txt``).
+failure with ``TB_REQUIRE_NIXL=1`` (CI installs it: ``python/requirements-nixl.txt``, and runs
+this file in a pytest process of its own: NIXL cannot load after TensorFlow, which other
+files of the suite import).
 """
 
 import ctypes
@@ -138,6 +140,35 @@ def test_missing_nixl_is_an_import_error_with_the_install_command(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install --no-deps nixl-cu13==1\.5\.1") as e:
         tbn.make_agent("absent")
     assert isinstance(e.value, tbn.NixlNotInstalledError)
+
+
+def test_nixl_after_tensorflow_is_a_typed_error_not_an_exit():
+    """In a fresh process (this one may hold TensorFlow already, or NIXL): TensorFlow then
+    NIXL would end the process; tensorbridge refuses with NixlConflictError instead."""
+    import subprocess
+
+    pytest.importorskip("tensorflow")
+    require_nixl_present()
+    code = (
+        "import tensorflow, tensorbridge.nixl as tbn\n"
+        "try:\n    tbn.import_nixl()\nexcept tbn.NixlConflictError as e:\n"
+        "    print('NixlConflictError', 'import NIXL first' in str(e))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == ["NixlConflictError True"], (
+        out.stdout + out.stderr[-2000:]
+    )
+
+
+def require_nixl_present():
+    """A skip where no NIXL package is installed (found, not imported)."""
+    import importlib.util
+    import os
+
+    if not any(importlib.util.find_spec(p) for p in ("nixl", "nixl_cu13", "nixl_cu12")):
+        if os.environ.get("TB_REQUIRE_NIXL") == "1":
+            pytest.fail("TB_REQUIRE_NIXL=1, but no NIXL package is installed")
+        pytest.skip(f"NIXL not installed ({tbn.NIXL_INSTALL})")
 
 
 # ---- a real agent ---------------------------------------------------------------------

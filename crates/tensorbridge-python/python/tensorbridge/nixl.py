@@ -26,8 +26,10 @@ imports it; the other functions take the agent you made. NumPy is required.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import re
+import sys
 import threading
 import time
 import warnings
@@ -40,6 +42,7 @@ from ._native import View, asview
 __all__ = [
     "NIXL_INSTALL",
     "NixlNotInstalledError",
+    "NixlConflictError",
     "NixlMemoryError",
     "UnregistrableMemoryError",
     "ReadOnlyMemoryError",
@@ -81,6 +84,13 @@ MAX_RUNS = 1 << 16
 
 class NixlNotInstalledError(ImportError):
     """No NIXL Python package could be imported."""
+
+
+class NixlConflictError(ImportError):
+    """NIXL cannot be loaded into this process: TensorFlow is already loaded, and both carry
+    gRPC, whose flag registry then aborts the process (exit status 1) when NIXL's copy loads.
+    Import NIXL (``tensorbridge.nixl.import_nixl()``) before TensorFlow, or use NIXL in a
+    process without TensorFlow."""
 
 
 class NixlMemoryError(BufferError):
@@ -135,9 +145,24 @@ class TransferError(RuntimeError):
 def import_nixl() -> Any:
     """The NIXL Python API module (``nixl._api``, else ``nixl_cu13._api``, else
     ``nixl_cu12._api``); ``NixlNotInstalledError`` (an ``ImportError``) with the install
-    command when none imports."""
+    command when none imports; ``NixlConflictError`` (an ``ImportError``) instead of the
+    process ending when TensorFlow is already loaded."""
     errors = []
     for name in ("nixl._api", "nixl_cu13._api", "nixl_cu12._api"):
+        package = name.split(".")[0]
+        if (
+            package not in sys.modules
+            and "tensorflow" in sys.modules
+            and importlib.util.find_spec(package) is not None
+        ):
+            # Measured with nixl-cu13 1.5.1 and TensorFlow 2.21: "Flag 'grpc_experiments' was
+            # defined more than once", then the process exits. TensorFlow after NIXL works.
+            raise NixlConflictError(
+                f"NIXL ({package}) cannot be imported after TensorFlow: expected a process "
+                "without TensorFlow loaded, found tensorflow in sys.modules (both bundle "
+                "gRPC, and loading NIXL's copy second ends the process); import NIXL first "
+                "(tensorbridge.nixl.import_nixl()) or use it in another process"
+            )
         try:
             module = __import__(name, fromlist=["nixl_agent"])
         except ImportError as e:
