@@ -481,8 +481,8 @@ fn build_benches(libtorch: &Path) -> Result<Vec<TestBinary>> {
     Ok(benches)
 }
 
-/// Copies the benches into `dir/benches`, the Python comparison and the plot script beside
-/// them, and writes `bench.sh`.
+/// Copies the benches into `dir/benches`, the Python comparison, the table of conversions
+/// (`table.py`) and the plot script beside them, and writes `bench.sh`.
 fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
     let to = dir.join("benches");
     fs::create_dir_all(&to).with_context(|| format!("creating {}", to.display()))?;
@@ -495,6 +495,7 @@ fn write_benches(dir: &Path, benches: &[TestBinary]) -> Result<()> {
         "benches/python/breakdown.py",
         "benches/python/ipc.py",
         "benches/python/nixl.py",
+        "benches/python/table.py",
         "benches/plot_copy_vs_share.py",
     ] {
         let from = root().join(script);

@@ -48,3 +48,9 @@ if [ -d "$here/nixl" ]; then
 else
     echo "skipped: TB_NIXL_WHEELS is not set (a folder holding the nixl-cu13 wheel for this Python)"
 fi
+echo "==> the table of conversions against their peers (table.py)"
+# The same table `cargo xtask bench` writes into docs/BENCHMARKS.md (latest run), here
+# with the Python rows of compare.json too; saved as $out/table.txt.
+"$py" "$here/benches/table.py" --criterion "$out/criterion" --compare "$out/compare.json" \
+    --title "bench.sh on $(hostname) ($(lscpu | sed -n 's/^Model name: *//p'); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)), $(date -u +%Y-%m-%d), pinned to core $cpu, ASLR $aslr; criterion medians, rank 1 / 2 / 4 / 8" \
+    | tee "$out/table.txt"
