@@ -108,7 +108,7 @@ tasks:
       abi3-py39 wheel cross-built with zig for manylinux_2_28 aarch64 into
       target/wheels-aarch64 and checked (auditwheel, one unwinder, an AArch64 module);
       the smoke tests (xtask/src/aarch64.rs, SMOKE_TESTS) run on it under qemu; then cargo
-      check --target aarch64-unknown-linux-gnu of the workspace but tensorbridge-tch.
+      check --target aarch64-unknown-linux-gnu of the workspace but tensorbridge-tch and tensorbridge-nixl.
       `ci` runs the same steps.
   test-nixl
       What ci runs of NIXL, alone: libclang for nixl-sys (PyPI), NIXL beside the pinned
