@@ -297,6 +297,7 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
     )?;
     // `--allow-dirty`: CI's checkout is clean; a developer's uncommitted changes are what
     // they want checked. Needs `LIBTORCH` (tensorbridge-tch) and the interpreter (pyo3).
+    forget_packaged_sources()?;
     let mut package = torch_cargo();
     package.args(["package", "--allow-dirty"]);
     for crate_name in PUBLISHED {
@@ -305,6 +306,42 @@ fn rust_checks(steps: &mut Steps, venv: &Venv) -> Result<()> {
     steps.cmd("package", &mut package)?;
     for step in EXTRA_STEPS {
         step(steps, venv)?;
+    }
+    Ok(())
+}
+
+/// Removes the workspace's own crates from the sources cargo unpacked out of earlier
+/// `cargo package` runs. Packaging several crates verifies each against the others through
+/// a temporary local registry, whose unpacked sources land in `registry/src/-<hash>/` of
+/// cargo's home, named by crate and version only. Cargo reuses an unpacked directory that is
+/// already there, so on a machine that packaged the same version before, a crate would be
+/// verified against its siblings' *old* sources (a CI runner's kept home did exactly that:
+/// a function added to the core "did not exist"). Only local registries (the `-` prefix)
+/// and only this workspace's crates are touched; crates.io's sources stay.
+fn forget_packaged_sources() -> Result<()> {
+    let src = crate::cargo_home()?.join("registry").join("src");
+    let Ok(registries) = fs::read_dir(&src) else {
+        return Ok(()); // nothing unpacked yet
+    };
+    for registry in registries {
+        let registry = registry?;
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        for unpacked in fs::read_dir(registry.path())? {
+            let unpacked = unpacked?;
+            let name = unpacked.file_name();
+            let name = name.to_string_lossy();
+            let ours = PUBLISHED.iter().any(|published| {
+                name.strip_prefix(published)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours {
+                fs::remove_dir_all(unpacked.path())
+                    .with_context(|| format!("removing {}", unpacked.path().display()))?;
+            }
+        }
     }
     Ok(())
 }

@@ -214,11 +214,7 @@ fn cudarc_version() -> Result<String> {
 fn cudarc_source() -> Result<PathBuf> {
     let version = cudarc_version()?;
     crate::run_status(crate::cargo().arg("fetch"))?;
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
-        .context("neither CARGO_HOME nor HOME is set")?;
-    let src = home.join("registry").join("src");
+    let src = crate::cargo_home()?.join("registry").join("src");
     for index in fs::read_dir(&src).with_context(|| format!("reading {}", src.display()))? {
         let dir = index?.path().join(format!("cudarc-{version}"));
         if dir.is_dir() {

@@ -203,6 +203,14 @@ fn cargo() -> Command {
     cmd
 }
 
+/// Cargo's home: `CARGO_HOME`, else `~/.cargo`.
+fn cargo_home() -> Result<PathBuf> {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")
+}
+
 /// Splits `args` at the first `--`: (the task's own options, everything after `--`).
 fn split_passthrough(args: &[String]) -> (&[String], &[String]) {
     match args.iter().position(|a| a == "--") {
