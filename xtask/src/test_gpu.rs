@@ -80,7 +80,9 @@ fn test_gpu(
     // against the wheel, like the CPU suite in `ci`.
     let venv = venv::ensure(steps)?;
     let libtorch = venv.torch_dir()?;
-    let mut binaries = steps.run("build (release, stripped)", || build(&libtorch))?;
+    let mut binaries = steps.run("build (release, stripped)", || {
+        build(&libtorch, bundle.is_some())
+    })?;
     // candle's CUDA half (its tests and the example extension's candle recipes) is opt-in:
     // candle-kernels compiles candle's quantized and MoE kernels with nvcc, twice (about 20
     // minutes on 2 cores, more than the rest of the bundle), which a user who wants the GPU
@@ -255,14 +257,41 @@ struct TestBinary {
     path: PathBuf,
 }
 
-/// Builds the GPU test binaries in release, stripped of symbols (~1 MB each instead of
-/// ~10 MB), and returns them.
-fn build(libtorch: &Path) -> Result<Vec<TestBinary>> {
-    let mut cmd = with_libtorch(cargo(), libtorch);
-    cmd.args(["test", "--release"]);
+/// The packages and features of the GPU build: the [`GPU_TESTS`], and with `benches` the
+/// benches' package with [`BENCH_FEATURES`]. The test build and the bench build
+/// ([`build_benches`]) select exactly the same, so that cargo unifies the same features for
+/// both and the bench build reuses every dependency the test build compiled (selected
+/// apart, criterion's dependencies turned features of shared crates on, and the bench build
+/// compiled candle, libtorch's crate and cudarc a second time: 4 of a cold bundle's 19
+/// minutes on 2 cores).
+fn select(cmd: &mut Command, benches: bool) {
     for (package, feature) in GPU_TESTS {
         cmd.args(["-p", package, "--features", &format!("{package}/{feature}")]);
     }
+    if benches {
+        for feature in BENCH_FEATURES {
+            cmd.args([
+                "-p",
+                BENCH_PACKAGE,
+                "--features",
+                &format!("{BENCH_PACKAGE}/{feature}"),
+            ]);
+        }
+    }
+}
+
+/// The package of the criterion benches, and the features the bundle builds them with (the
+/// GPU groups and libtorch's).
+const BENCH_PACKAGE: &str = "tensorbridge-benches";
+const BENCH_FEATURES: [&str; 2] = ["gpu", "tch"];
+
+/// Builds the GPU test binaries in release, stripped of symbols (~1 MB each instead of
+/// ~10 MB), and returns them. With `benches`, the benches' package is in the same build
+/// ([`select`]).
+fn build(libtorch: &Path, benches: bool) -> Result<Vec<TestBinary>> {
+    let mut cmd = with_libtorch(cargo(), libtorch);
+    cmd.args(["test", "--release"]);
+    select(&mut cmd, benches);
     cmd.args(["--no-run"])
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
     let messages = cargo_messages(&mut cmd)?;
@@ -445,15 +474,13 @@ fn test_binaries(json_lines: &str) -> Vec<TestBinary> {
 /// stripped) and returns them as (name, path).
 fn build_benches(libtorch: &Path) -> Result<Vec<TestBinary>> {
     let mut cmd = with_libtorch(cargo(), libtorch);
-    cmd.args([
-        "bench",
-        "-p",
-        "tensorbridge-benches",
-        "--features",
-        "gpu,tch",
-        "--no-run",
-    ])
-    .env("CARGO_PROFILE_BENCH_STRIP", "symbols");
+    cmd.arg("bench");
+    select(&mut cmd, true);
+    // `cargo bench` builds with the `bench` profile, which inherits `release`: stripped the
+    // same way, its dependencies are the test build's.
+    cmd.arg("--no-run")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_PROFILE_BENCH_STRIP", "symbols");
     let messages = cargo_messages(&mut cmd)?;
     let mut benches = Vec::new();
     for line in messages.lines() {
