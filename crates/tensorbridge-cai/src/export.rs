@@ -22,9 +22,10 @@ fn common(desc: &Descriptor) -> Result<Common, Error> {
     Ok(Common {
         typestr,
         shape: desc.shape().to_vec(),
-        // Never `None`: no consumer has to work out C order (several consumers mishandle
-        // absent strides). Whole
-        // bytes: every dtype with a typestr has whole-byte elements.
+        // Never `None` for an array with elements: no consumer has to work out C order
+        // (several consumers mishandle absent strides; zero-size CUDA arrays are the one
+        // exception, `CudaArrayInterface::export_descriptor`). Whole bytes: every dtype with
+        // a typestr has whole-byte elements.
         strides: desc.strides_bytes()?,
         // The CAI has no offset key, and the array interface's applies only to buffers.
         address: desc.data_ptr(),
@@ -40,11 +41,17 @@ impl CudaArrayInterface {
     /// The interface (version 3) describing memory that CUDA kernels can take: CUDA device,
     /// managed and pinned host memory ([`Error::UnsupportedDevice`] otherwise).
     ///
-    /// Exact byte strides (never `None`); the byte offset folded into the address, which is
-    /// 0 for zero-size arrays; `readonly` carried; `descr` the default `[('', typestr)]`;
+    /// Exact byte strides (`None` only for zero-size arrays, see below); the byte offset
+    /// folded into the address, which is 0 for zero-size arrays; `readonly` carried; `descr` the default `[('', typestr)]`;
     /// `stream` the producer stream of `ready` through
     /// [`stream_to_wire`](tensorbridge::stream_to_wire) (`None` for [`Ready::Now`]; a signal
     /// with no producer stream is refused, as the interface cannot carry an event).
+    ///
+    /// A zero-size array goes out as its producers give it (PyTorch, CuPy): null address,
+    /// `strides` `None`. A consumer sizes the memory from the strides when they are there
+    /// (CuPy 14: the largest `|shape * stride|`, 16 bytes for shape `(0, 4)` of `float32`)
+    /// and must then find the device of the null address, which it cannot: CuPy refused the
+    /// view of an empty PyTorch tensor that it takes from PyTorch itself.
     pub fn export_descriptor(
         desc: &Descriptor,
         ready: &Ready,
@@ -71,7 +78,7 @@ impl CudaArrayInterface {
                 address: if desc.numel() == 0 { 0 } else { c.address },
                 readonly: desc.is_readonly(),
             },
-            strides: Some(c.strides),
+            strides: (desc.numel() != 0).then_some(c.strides),
             mask: false,
             version: EXPORT_VERSION,
             stream,
