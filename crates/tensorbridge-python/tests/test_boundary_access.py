@@ -137,3 +137,69 @@ def test_versioned_capsule_without_the_flag_stays_writable(tb):
     buf = aligned_numpy((16,), np.float32, fill=np.arange(16))
     h = HandMadeCapsule(data=buf.ctypes.data, shape=(16,), strides=(1,), versioned=True, keep=buf)
     assert_writable_and_shared(tb, h.make(), buf.ctypes.data, lambda: buf, "a versioned capsule without READ_ONLY")
+
+
+def test_flagless_producer_is_flagless_through_its_interface_too(tb):
+    """JAX's CUDA arrays may reach tensorbridge through ``__cuda_array_interface__`` (which
+    says ``readonly``) when their ``__dlpack__`` refuses the request; the view must still go
+    to a legacy consumer as JAX's own capsule would. The host stand-in: a type of JAX's
+    module whose ``__dlpack__`` refuses with ``BufferError`` and whose array interface
+    exports read-only memory. A type of another module, the same otherwise, stays strict."""
+    buf = np.arange(6, dtype=np.float32)
+    buf.flags.writeable = False
+
+    def make(module):
+        def refuse(self, **kwargs):
+            raise BufferError("refused, as a producer may")
+
+        cls = type("Array", (), {
+            "__module__": module,
+            "__dlpack__": refuse,
+            "__dlpack_device__": lambda self: (1, 0),
+            "__array_interface__": property(lambda self: buf.__array_interface__),
+        })
+        return cls()
+
+    v = tb.asview(make("jaxlib._fake_interface"))
+    assert v.readonly and v.ptr == buf.ctypes.data
+    legacy = v.__dlpack__()  # what JAX's __dlpack__ would hand a legacy consumer
+    np.testing.assert_array_equal(np.from_dlpack(_Capsule(legacy)), buf)
+    assert not np.from_dlpack(v).flags.writeable  # a versioned consumer is told read-only
+
+    strict = tb.asview(make("some_library"))
+    with pytest.raises(BufferError, match="read-only"):
+        strict.__dlpack__()
+
+
+class _Capsule:
+    """Hands NumPy a given legacy capsule."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_jax_array_stays_flagless_while_tensorbridge_lends_it(tb):
+    """A JAX array viewed and lent read-only (NumPy holds the export) is viewed again and
+    handed to a legacy consumer: JAX's own ``__dlpack__`` would hand it over flagless, and so
+    does the view, whatever tensorbridge has lent of the same memory. A legacy capsule of an
+    unknown producer over that memory stays read-only-strict (the lent export coming back)."""
+    jnp = pytest.importorskip("jax.numpy")
+    j = jnp.arange(6, dtype=jnp.float32)
+    held = np.from_dlpack(tb.asview(j))  # a live read-only export of j's memory
+    assert not held.flags.writeable
+    again = tb.asview(j)
+    capsule = again.__dlpack__()  # legacy, as JAX before 0.12 asks
+    np.testing.assert_array_equal(np.from_dlpack(_Capsule(capsule)), np.asarray(j))
+    # The same memory as a bare legacy capsule (its producer unknown to the import): strict
+    # while lent, as the lent export coming back through a consumer that dropped the flag.
+    bare = tb.asview(tb.asview(j).__dlpack__())
+    assert bare.readonly
+    with pytest.raises(BufferError, match="read-only"):
+        bare.__dlpack__()
+    del held

@@ -5,9 +5,10 @@
 //! outcome, or a strictly safer one only where the consumer can be told (a versioned
 //! capsule's `READ_ONLY` flag, the interfaces' `readonly` field); never a refusal the producer
 //! would not make, never an access the producer refuses. Read-only access that tensorbridge
-//! knows of itself (a view made read-only on request, a share opened read-only, memory
-//! overlapping one of its live read-only exports) keeps its strictness: no flagless
-//! hand-off. ARCHITECTURE.md ("The read-only rule") has the reasons, docs/PROTOCOLS.md
+//! knows of itself (a view made read-only on request, a share opened read-only, a legacy
+//! capsule of an unknown producer overlapping one of its live read-only exports) keeps its
+//! strictness: no flagless hand-off. A producer known to hand its arrays out flagless
+//! (JAX, TensorFlow) is taken at its word through every protocol ([`flagless_producer`]). ARCHITECTURE.md ("The read-only rule") has the reasons, docs/PROTOCOLS.md
 //! ("Outcome matrix") every producer and consumer.
 //!
 //! | provenance | legacy capsule, borrowed `DLTensor` (no flags) | versioned capsule, exchange table's managed export | CAI | array interface |
@@ -71,6 +72,23 @@ pub(crate) fn flagless(desc: &Descriptor) -> Provenance {
     }
 }
 
+/// The provenance of an import from a producer that hands its immutable arrays out without
+/// a flag itself (JAX, TensorFlow: `TypeFacts::flagless_readonly`), through any of its
+/// protocols: [`Provenance::Flagless`] when read-only. Unlike [`flagless`], the memory
+/// tensorbridge has lent read-only does not count: the producer's own `__dlpack__` hands the
+/// array to a legacy consumer flagless whatever else aliases it, so the direct hand-off's
+/// outcome is the legacy capsule (a JAX array viewed, handed to PyTorch, and viewed again
+/// for JAX 0.11 was refused while PyTorch held the first export). A read-only view
+/// tensorbridge made on request stays [`Provenance::Flagged`]: it is a view, not the
+/// producer's array.
+pub(crate) fn flagless_producer(desc: &Descriptor) -> Provenance {
+    if desc.is_readonly() {
+        Provenance::Flagless
+    } else {
+        Provenance::Flagged
+    }
+}
+
 /// Whether a read-only `desc` of this provenance may go out without a flag (a legacy
 /// capsule, a borrowed `DLTensor`): only as its producer hands it.
 pub(crate) fn flagless_allowed(desc: &Descriptor, provenance: Provenance) -> bool {
@@ -81,7 +99,7 @@ pub(crate) fn flagless_allowed(desc: &Descriptor, provenance: Provenance) -> boo
 mod tests {
     use tensorbridge::{Access, DType, RawTensor, Tensor};
 
-    use super::{Provenance, flagless, flagless_allowed, torch};
+    use super::{Provenance, flagless, flagless_allowed, flagless_producer, torch};
 
     fn host(access: Access) -> (Tensor, tensorbridge::Descriptor) {
         let t = Tensor::from_vec(vec![0.0f32; 4], &[4]).unwrap();
@@ -125,6 +143,9 @@ mod tests {
         let lent = owner.clone().into_readonly();
         let export = tensorbridge_dlpack::export_versioned(&lent).unwrap();
         assert_eq!(flagless(lent.descriptor()), Provenance::Flagged);
+        // A producer that hands its arrays out flagless itself is taken at its word.
+        assert_eq!(flagless_producer(lent.descriptor()), Provenance::Flagless);
+        assert_eq!(flagless_producer(&rw), Provenance::Flagged);
         drop(export);
         assert_eq!(flagless(lent.descriptor()), Provenance::Flagless);
     }

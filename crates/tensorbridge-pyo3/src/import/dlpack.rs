@@ -120,7 +120,7 @@ pub(crate) fn from_dlpack(
     };
     let mut imported = from_capsule(capsule, legacy_access)?;
     if facts.flagless_readonly {
-        imported.provenance = crate::floor::access::flagless(&imported.desc);
+        imported.provenance = crate::floor::access::flagless_producer(&imported.desc);
     }
     if !is_stream_ordered(imported.desc.device().kind) {
         return Ok(imported);
@@ -173,7 +173,7 @@ pub(crate) fn from_exchange(
         pin: Pin::Owner(tensor.owner().clone()),
         current: None,
         provenance: if facts.flagless_readonly {
-            crate::floor::access::flagless(tensor.descriptor())
+            crate::floor::access::flagless_producer(tensor.descriptor())
         } else {
             Provenance::Flagged
         },

@@ -209,8 +209,26 @@ fn ask_dlpack(
     }
 }
 
-/// The protocols one by one, in the order of the crate docs.
+/// The protocols one by one, in the order of the crate docs. A producer that hands its
+/// immutable arrays out flagless itself (JAX, TensorFlow: `facts.flagless_readonly`) is
+/// read-only through whichever protocol answered (a JAX CUDA array's
+/// `__cuda_array_interface__` says `readonly`, its `__dlpack__` may refuse a request its
+/// interface then serves): its views go to legacy consumers as its own capsules would
+/// (`crate::floor::access`), whatever the route.
 fn general(
+    obj: &Bound<'_, PyAny>,
+    facts: &route::TypeFacts,
+    consumer: Consumer,
+) -> Result<Imported> {
+    let mut imported = protocols(obj, facts, consumer)?;
+    if facts.flagless_readonly {
+        imported.provenance = crate::floor::access::flagless_producer(&imported.desc);
+    }
+    Ok(imported)
+}
+
+/// [`general`]'s protocols, in order.
+fn protocols(
     obj: &Bound<'_, PyAny>,
     facts: &route::TypeFacts,
     consumer: Consumer,
