@@ -10,8 +10,8 @@ use std::ptr::NonNull;
 use std::sync::mpsc;
 use std::thread;
 
-use tensorbridge::{Access, Tensor};
 use tensorbridge_cai::{ArrayInterface, ImportOptions};
+use tensorbridge_core::{Access, Tensor};
 use tensorbridge_dlpack::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 use tensorbridge_dlpack::{
     ReadOnlyPolicy, export_legacy, export_versioned, import_legacy, import_versioned,

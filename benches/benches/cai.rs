@@ -11,8 +11,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tensorbridge::{Access, DType, Device, DeviceType, Owner, RawTensor, Tensor};
 use tensorbridge_cai::{ArrayInterface, CudaArrayInterface, ImportOptions};
+use tensorbridge_core::{Access, DType, Device, DeviceType, Owner, RawTensor, Tensor};
 use tensorbridge_dlpack::{export_versioned, import_versioned};
 
 const RANKS: [usize; 4] = [1, 2, 4, 8];

@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tensorbridge::{DType, Owner, RawTensor, Tensor};
+use tensorbridge_core::{DType, Owner, RawTensor, Tensor};
 
 fn raw_to_tensor(c: &mut Criterion) {
     let mut group = c.benchmark_group("core/raw_to_tensor");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use tensorbridge::{Ready, Tensor};
+use tensorbridge_core::{Ready, Tensor};
 use tensorbridge_cudarc as tbc;
 
 struct Setup {

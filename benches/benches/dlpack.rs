@@ -23,7 +23,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dlpark::Managed;
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 use tensorbridge_dlpack::{export_versioned, import_versioned};
 
 fn roundtrip(c: &mut Criterion) {

@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ndarray::{ArrayD, ArrayView, IxDyn, ShapeBuilder};
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 fn shape(rank: usize) -> Vec<usize> {
     (0..rank).map(|d| 2 + d % 3).collect()

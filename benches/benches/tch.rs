@@ -19,7 +19,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tch::{Device, Kind};
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 const RANKS: [usize; 4] = [1, 2, 4, 8];
 

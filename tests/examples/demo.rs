@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use tensorbridge::{DType, Owner, RawTensor, Tensor};
+use tensorbridge_core::{DType, Owner, RawTensor, Tensor};
 use tensorbridge_integration::f32_pattern;
 
 /// One row of the table.
@@ -31,42 +31,42 @@ struct Path {
 const PATHS: &[Path] = &[
     Path {
         producer: "host buffer (Arc owner)",
-        consumer: "tensorbridge::Tensor",
+        consumer: "tensorbridge_core::Tensor",
         run: host_buffer_to_tensor,
     },
     Path {
-        producer: "tensorbridge::Tensor",
-        consumer: "DLPack 1.3 -> tensorbridge::Tensor",
+        producer: "tensorbridge_core::Tensor",
+        consumer: "DLPack 1.3 -> tensorbridge_core::Tensor",
         run: tensor_through_dlpack,
     },
     Path {
-        producer: "tensorbridge::Tensor",
-        consumer: "__array_interface__ v3 -> tensorbridge::Tensor",
+        producer: "tensorbridge_core::Tensor",
+        consumer: "__array_interface__ v3 -> tensorbridge_core::Tensor",
         run: tensor_through_array_interface,
     },
     Path {
-        producer: "tensorbridge::Tensor",
-        consumer: "libtorch (tch::Tensor) -> tensorbridge::Tensor",
+        producer: "tensorbridge_core::Tensor",
+        consumer: "libtorch (tch::Tensor) -> tensorbridge_core::Tensor",
         run: tensor_through_libtorch,
     },
     Path {
         producer: "ndarray Array2 (lent)",
-        consumer: "tensorbridge::Tensor -> ndarray ArrayView",
+        consumer: "tensorbridge_core::Tensor -> ndarray ArrayView",
         run: ndarray_through_tensor,
     },
     Path {
         producer: "candle Tensor (CPU)",
-        consumer: "tensorbridge::Tensor -> candle Tensor",
+        consumer: "tensorbridge_core::Tensor -> candle Tensor",
         run: candle_through_tensor,
     },
     Path {
-        producer: "tensorbridge::Tensor",
-        consumer: "burn-flex Tensor -> tensorbridge::Tensor",
+        producer: "tensorbridge_core::Tensor",
+        consumer: "burn-flex Tensor -> tensorbridge_core::Tensor",
         run: tensor_through_burn,
     },
     Path {
         producer: "cudarc CudaSlice (GPU)",
-        consumer: "tensorbridge::Tensor -> cudarc kernel argument",
+        consumer: "tensorbridge_core::Tensor -> cudarc kernel argument",
         run: cudarc_slice_to_kernel_argument,
     },
 ];

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, ensure};
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr as _, sys};
-use tensorbridge::{DType, Device, Error, Owner, RawTensor, Tensor};
+use tensorbridge_core::{DType, Device, Error, Owner, RawTensor, Tensor};
 use tensorbridge_integration::f32_pattern;
 
 /// Elements per test buffer: 4 MiB of `f32`.

@@ -14,11 +14,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tensorbridge::{Access, Descriptor, Device, DeviceType, Packing, RawTensor, Tensor};
 use tensorbridge_cai::{
     ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, DescrField,
     DescrFormat, ImportOptions, TypeStr,
 };
+use tensorbridge_core::{Access, Descriptor, Device, DeviceType, Packing, RawTensor, Tensor};
 use tensorbridge_dlpack::dlpark::ManagedTensorBase;
 use tensorbridge_dlpack::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
@@ -224,7 +224,7 @@ pub fn cai(data: &[u8]) {
         };
         check_revalidates(validated.descriptor());
         let (desc, _stream) = validated.into_parts();
-        let exported = CudaArrayInterface::export_descriptor(&desc, &tensorbridge::Ready::Now)
+        let exported = CudaArrayInterface::export_descriptor(&desc, &tensorbridge_core::Ready::Now)
             .expect("a validated CAI exports");
         let again = exported
             .import(device, &options)
@@ -695,10 +695,10 @@ pub fn own_export(data: &[u8]) {
     let shape: Vec<i64> = (0..rank).map(|_| i64::from(b.u8() % 5)).collect();
     let strides: Vec<i64> = (0..rank).map(|_| i64::from(b.u8() as i8 % 8)).collect();
     let dtypes = [
-        tensorbridge::DType::FLOAT32,
-        tensorbridge::DType::INT64,
-        tensorbridge::DType::UINT8,
-        tensorbridge::DType::BFLOAT16,
+        tensorbridge_core::DType::FLOAT32,
+        tensorbridge_core::DType::INT64,
+        tensorbridge_core::DType::UINT8,
+        tensorbridge_core::DType::BFLOAT16,
     ];
     let dtype = dtypes[usize::from(b.u8() % 4)];
     let device = if b.bool() {

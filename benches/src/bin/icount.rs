@@ -19,8 +19,8 @@ use dlpark::Managed;
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
 use ndarray::{ArrayView, IxDyn, ShapeBuilder};
-use tensorbridge::{DType, Device, DeviceType, Owner, RawTensor, Tensor};
 use tensorbridge_cai::{ArrayInterface, CudaArrayInterface, ImportOptions};
+use tensorbridge_core::{DType, Device, DeviceType, Owner, RawTensor, Tensor};
 use tensorbridge_dlpack::{export_versioned, import_versioned};
 
 /// Warm-up iterations before the counted ones (first-call lazy work: allocator pools).

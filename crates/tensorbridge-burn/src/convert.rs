@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn_flex::{Flex, FlexTensor, Layout as FlexLayout};
 use burn_std::{AccessError, AccessPolicy, AllocationController, AllocationProperty, Bytes, Shape};
-use tensorbridge::{Access, Descriptor, ExclusiveTensor, RawTensor, Ready, Tensor};
+use tensorbridge_core::{Access, Descriptor, ExclusiveTensor, RawTensor, Ready, Tensor};
 
 use crate::Error;
 use crate::dtype::{burn_dtype_of, dtype_of_burn};
@@ -26,7 +26,7 @@ pub fn import_primitive(tensor: &FlexTensor) -> Result<Tensor, Error> {
     let dtype = dtype_of_burn(tensor.dtype())?;
     let bytes = tensor.bytes();
     let layout = tensor.layout();
-    let overflow = |what| tensorbridge::Error::Overflow { what };
+    let overflow = |what| tensorbridge_core::Error::Overflow { what };
     let shape = layout
         .shape()
         .as_slice()
@@ -214,7 +214,7 @@ pub fn export_primitive(tensor: &Tensor) -> Result<FlexTensor, Error> {
 ///
 /// ```
 /// use burn_tensor::{Float, Tensor as Burn};
-/// let t = tensorbridge::Tensor::from_vec(vec![1f32, 2.], &[2])?;
+/// let t = tensorbridge_core::Tensor::from_vec(vec![1f32, 2.], &[2])?;
 /// let ptr = t.data_ptr();
 /// let only = t.into_exclusive().expect("no other clone");
 /// let b: Burn<1, Float> = tensorbridge_burn::export_exclusive(only)?.add_scalar(10.0);
@@ -234,15 +234,15 @@ fn export_with(desc: &Descriptor, ready: &Ready, keep: Keep) -> Result<FlexTenso
     let size = desc.dtype().itemsize();
     // Host access and readiness, as a host view needs them.
     if !desc.device().kind.is_host_accessible() {
-        return Err(tensorbridge::Error::NotHostAccessible {
+        return Err(tensorbridge_core::Error::NotHostAccessible {
             device: desc.device(),
         }
         .into());
     }
     if !ready.is_now() {
-        return Err(tensorbridge::Error::NotReady.into());
+        return Err(tensorbridge_core::Error::NotReady.into());
     }
-    let overflow = |what| tensorbridge::Error::Overflow { what };
+    let overflow = |what| tensorbridge_core::Error::Overflow { what };
     let (first, last) = desc.layout().elem_reach();
     let empty = desc.numel() == 0;
     let (base, len, start) = if empty {
@@ -325,7 +325,7 @@ where
         });
     }
     use burn_tensor::kind::Kind;
-    use tensorbridge::DTypeCode;
+    use tensorbridge_core::DTypeCode;
     let code = desc.dtype().code();
     let fits = match K::KIND {
         Kind::Float => matches!(code, DTypeCode::Float | DTypeCode::Bfloat),

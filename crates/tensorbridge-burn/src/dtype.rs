@@ -1,7 +1,7 @@
 //! burn's dtypes <-> the core's.
 
 use burn_std::{BoolStore, DType as BurnDType};
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 
 use crate::Error;
 

@@ -7,7 +7,7 @@
 pub enum Error {
     /// A refusal of the core (host access, readiness, layout arithmetic).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     /// A burn dtype without a plain element layout the core can describe.
     #[error(
@@ -24,7 +24,7 @@ pub enum Error {
     )]
     UnsupportedDType {
         /// The tensor's dtype.
-        dtype: tensorbridge::DType,
+        dtype: tensorbridge_core::DType,
     },
 
     /// A burn layout that reaches outside its own storage (burn's invariant broken).

@@ -7,11 +7,11 @@
 //! |---|---|---|---|
 //! | burn `Tensor<D, K>` (Flex) -> [`Tensor`] | [`import`], [`import_primitive`] (a `FlexTensor`) | zero-copy, read-only: burn's shape, strides (negative ones included), start offset; a clone of the burn tensor is the owner | ready now (burn-flex runs on the host) |
 //! | host [`Tensor`] -> burn `Tensor<D, K>` (Flex) | [`export`], [`export_primitive`] | zero-copy reads: burn's storage is the tensor's memory, through a byte controller that holds a clone of the tensor; copy-on-write: burn's in-place operations write a copy made at the first write | needs the tensor ready now |
-//! | exclusive tensor ([`ExclusiveTensor`](tensorbridge::ExclusiveTensor)) -> burn `Tensor<D, K>` (Flex) | [`export_exclusive`], [`export_primitive_exclusive`] | zero-copy both ways: burn's in-place operations write a writable tensor's memory (read-only memory is copied first) | needs the tensor ready now |
+//! | exclusive tensor ([`ExclusiveTensor`](tensorbridge_core::ExclusiveTensor)) -> burn `Tensor<D, K>` (Flex) | [`export_exclusive`], [`export_primitive_exclusive`] | zero-copy both ways: burn's in-place operations write a writable tensor's memory (read-only memory is copied first) | needs the tensor ready now |
 //!
 //! ```
 //! use burn_tensor::{Int, Tensor as Burn};
-//! let t = tensorbridge::Tensor::from_vec((0..6i64).collect(), &[2, 3])?;
+//! let t = tensorbridge_core::Tensor::from_vec((0..6i64).collect(), &[2, 3])?;
 //! let b: Burn<2, Int> = tensorbridge_burn::export(&t)?; // burn over the same memory
 //! let back = tensorbridge_burn::import(b.clone().transpose())?; // and a transposed view back
 //! assert_eq!((back.data_ptr(), back.strides_elems()), (t.data_ptr(), &[1i64, 3][..]));
@@ -35,7 +35,7 @@
 //! Safe code never writes under a live shared borrow. A `&Tensor` may have clones, `&[T]`
 //! slices, host views, ndarray views and exports reading the same bytes, so [`export`]
 //! never lets burn write them: its storage is copy-on-write whatever the tensor's access.
-//! [`export_exclusive`] takes an [`ExclusiveTensor`](tensorbridge::ExclusiveTensor), the
+//! [`export_exclusive`] takes an [`ExclusiveTensor`](tensorbridge_core::ExclusiveTensor), the
 //! proof (`Tensor::into_exclusive`) that the tensor is the only holder of its owner and is
 //! borrowed by nothing; it moves into burn's storage, which burn then writes alone.
 //!
@@ -72,7 +72,7 @@ pub use dtype::{burn_dtype_of, dtype_of_burn};
 pub use error::Error;
 
 #[cfg(doc)]
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 // `Send + Sync`, checked at compile time: `Error` is plain data and strings.
 const _: () = {

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use tensorbridge::{DType, Device};
+use tensorbridge_core::{DType, Device};
 
 use crate::model::DescrDisplay;
 use crate::typestr::HOST_ENDIAN;
@@ -15,7 +15,7 @@ use crate::{DescrField, Interface, TypeStr, TypeStrProblem};
 pub enum Error {
     /// A refusal of the core (layout, alignment, null data, overflow...).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     // ---- typestr ----
     /// A string that is not `<byteorder><kind><size>`.

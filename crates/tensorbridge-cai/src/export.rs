@@ -1,6 +1,8 @@
 //! Export: a [`Tensor`] (or a [`Descriptor`] and its [`Ready`]) -> an interface dict's values.
 
-use tensorbridge::{Descriptor, Ready, StreamConvention, StreamRequest, Tensor, stream_to_wire};
+use tensorbridge_core::{
+    Descriptor, Ready, StreamConvention, StreamRequest, Tensor, stream_to_wire,
+};
 
 use crate::{
     ArrayData, ArrayInterface, CudaArrayInterface, DataPointer, Error, Interface, TypeStr,
@@ -44,7 +46,7 @@ impl CudaArrayInterface {
     /// Exact byte strides (`None` only for zero-size arrays, see below); the byte offset
     /// folded into the address, which is 0 for zero-size arrays; `readonly` carried; `descr` the default `[('', typestr)]`;
     /// `stream` the producer stream of `ready` through
-    /// [`stream_to_wire`](tensorbridge::stream_to_wire) (`None` for [`Ready::Now`]; a signal
+    /// [`stream_to_wire`](tensorbridge_core::stream_to_wire) (`None` for [`Ready::Now`]; a signal
     /// with no producer stream is refused, as the interface cannot carry an event).
     ///
     /// A zero-size array goes out as its producers give it (PyTorch, CuPy): null address,
@@ -106,7 +108,7 @@ impl ArrayInterface {
             });
         }
         if !ready.is_now() {
-            return Err(tensorbridge::Error::NotReady.into());
+            return Err(tensorbridge_core::Error::NotReady.into());
         }
         let c = common(desc)?;
         Ok(ArrayInterface {

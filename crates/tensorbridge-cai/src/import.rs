@@ -1,6 +1,6 @@
 //! Import: an interface dict's values -> a validated [`Descriptor`] -> a [`Tensor`].
 
-use tensorbridge::{
+use tensorbridge_core::{
     Access, DType, Descriptor, Device, Layout, Owner, Packing, Ready, StreamConvention,
     StreamRequest, Tensor, stream_from_wire,
 };
@@ -144,7 +144,7 @@ impl CudaArrayInterface {
         // names DLPack's -1, which the CAI does not allow).
         let stream = stream_from_wire(StreamConvention::CudaArrayInterface, self.stream).map_err(
             |e| match (e, self.stream) {
-                (tensorbridge::Error::InvalidStream { .. }, Some(value)) => {
+                (tensorbridge_core::Error::InvalidStream { .. }, Some(value)) => {
                     Error::InvalidStream { value }
                 }
                 (e, _) => Error::Core(e),

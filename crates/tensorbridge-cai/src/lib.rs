@@ -6,8 +6,8 @@
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | CAI -> [`Tensor`] | [`CudaArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | `stream` becomes [`Ready::Stream`](tensorbridge::Ready::Stream); `None` [`Ready::Now`](tensorbridge::Ready::Now); 0 and negatives refused |
-//! | array interface -> [`Tensor`] | [`ArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | none: [`Ready::Now`](tensorbridge::Ready::Now) |
+//! | CAI -> [`Tensor`] | [`CudaArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | `stream` becomes [`Ready::Stream`](tensorbridge_core::Ready::Stream); `None` [`Ready::Now`](tensorbridge_core::Ready::Now); 0 and negatives refused |
+//! | array interface -> [`Tensor`] | [`ArrayInterface::import`], then `unsafe` [`Imported::into_tensor`] | zero-copy | none: [`Ready::Now`](tensorbridge_core::Ready::Now) |
 //! | [`Tensor`] -> CAI | [`CudaArrayInterface::export`] | zero-copy | the producer stream (`None` when there is no pending work) |
 //! | [`Tensor`] -> array interface | [`ArrayInterface::export`] | zero-copy | none: tensors with pending work are refused |
 //!
@@ -15,10 +15,10 @@
 //! Interface") and validate
 //! through the core: strides count **bytes** here and elements in the core; absent strides
 //! mean C order; data 0 only for zero-size arrays; the stream integers map through
-//! [`tensorbridge::stream_from_wire`] / [`tensorbridge::stream_to_wire`].
+//! [`tensorbridge_core::stream_from_wire`] / [`tensorbridge_core::stream_to_wire`].
 //!
 //! ```
-//! use tensorbridge::{DType, Tensor};
+//! use tensorbridge_core::{DType, Tensor};
 //! use tensorbridge_cai::{ArrayInterface, ImportOptions, TypeStr};
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
@@ -96,13 +96,13 @@
 //!   size 1 (NumPy allows other strides there); such arrays are refused.
 //! - `mask` and structured `descr`s are refused; `descr` may only repeat the typestr.
 //! - The CAI carries no device: the caller names it (CUDA, managed or pinned host memory).
-//!   The array interface always imports as [`Device::CPU`](tensorbridge::Device::CPU).
+//!   The array interface always imports as [`Device::CPU`](tensorbridge_core::Device::CPU).
 //! - The array interface's buffer form needs the Python layer to resolve the buffer
 //!   ([`ArrayData::Buffer`]); versions above 3 are refused although NumPy ignores `version`.
 //! - The CAI cannot carry an event: tensors ready per a signal without a producer stream are
 //!   refused on export.
 //!
-//! [`Tensor`]: tensorbridge::Tensor
+//! [`Tensor`]: tensorbridge_core::Tensor
 
 // clippy reads the `// SAFETY:` comment in the crate docs' example as belonging to the first
 // item (rust-clippy's comment scan does not stop at `//!` lines).

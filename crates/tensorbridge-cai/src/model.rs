@@ -84,8 +84,8 @@ pub struct CudaArrayInterface {
     /// `version`.
     pub version: i64,
     /// `stream`: the raw integer, `None` for Python `None` or an absent key (see
-    /// [`tensorbridge::stream_from_wire`] with
-    /// [`StreamConvention::CudaArrayInterface`](tensorbridge::StreamConvention::CudaArrayInterface)).
+    /// [`tensorbridge_core::stream_from_wire`] with
+    /// [`StreamConvention::CudaArrayInterface`](tensorbridge_core::StreamConvention::CudaArrayInterface)).
     pub stream: Option<i64>,
 }
 

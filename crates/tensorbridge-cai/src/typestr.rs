@@ -5,7 +5,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
 
-use tensorbridge::{DType, DTypeCode, Packing};
+use tensorbridge_core::{DType, DTypeCode, Packing};
 
 use crate::{Error, ImportOptions};
 

@@ -16,7 +16,7 @@ use candle_core::cuda::{CudaDType, CudaStorage, CudaStorageSlice};
 use candle_core::op::BackpropOp;
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, result, sys};
 use half::{bf16, f16};
-use tensorbridge::{
+use tensorbridge_core::{
     Access, Descriptor, Device, Ready, ReadySignal, SignalError, Stream, StreamHandle, Tensor,
 };
 
@@ -123,7 +123,7 @@ pub(crate) fn describe_cuda(
     let _restore = Restore::bind(stream.context())?;
     let extent = extent(&storage.slice, &stream)?;
     let ordinal = u32::try_from(stream.context().ordinal())
-        .map_err(|_| tensorbridge::Error::OrdinalTooLarge { ordinal: u32::MAX })?;
+        .map_err(|_| tensorbridge_core::Error::OrdinalTooLarge { ordinal: u32::MAX })?;
     let desc = describe(tensor, &extent, Device::cuda(ordinal), Access::ReadWrite)?;
     // Obligations of `with_ready`, which `import` attaches this with:
     // 1: `extent` made `stream` wait for the slice's pending cudarc work (`device_ptr`), and
@@ -150,7 +150,7 @@ fn extent(slice: &CudaStorageSlice, stream: &Arc<CudaStream>) -> Result<Extent, 
         ($s:expr) => {{
             let (ptr, _record) = $s.device_ptr(stream);
             Extent {
-                addr: usize::try_from(ptr).map_err(|_| tensorbridge::Error::Overflow {
+                addr: usize::try_from(ptr).map_err(|_| tensorbridge_core::Error::Overflow {
                     what: "device pointer",
                 })?,
                 len: $s.len(),

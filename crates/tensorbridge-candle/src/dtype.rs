@@ -1,7 +1,7 @@
 //! candle's dtypes <-> the core's.
 
 use candle_core::DType as CandleDType;
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 
 use crate::Error;
 

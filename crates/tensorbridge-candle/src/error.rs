@@ -7,7 +7,7 @@
 pub enum Error {
     /// A refusal of the core (layout arithmetic, dtype, readiness, access).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     /// An error candle returned (a tensor it could not make or move).
     #[error(transparent)]
@@ -28,7 +28,7 @@ pub enum Error {
     )]
     UnsupportedDType {
         /// The tensor's dtype.
-        dtype: tensorbridge::DType,
+        dtype: tensorbridge_core::DType,
     },
 
     /// A candle device this build cannot reach.
@@ -68,7 +68,7 @@ pub enum Error {
     )]
     DeviceMismatch {
         /// The tensor's device.
-        tensor: tensorbridge::Device,
+        tensor: tensorbridge_core::Device,
         /// The candle device, as it prints it.
         candle: String,
     },

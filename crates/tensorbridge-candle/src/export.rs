@@ -3,7 +3,7 @@
 //! ([`export_leaked`], the `cuda` feature).
 
 use candle_core::Storage;
-use tensorbridge::{Access, Device, Tensor};
+use tensorbridge_core::{Access, Device, Tensor};
 
 use crate::Error;
 use crate::import::{CandleOwner, device_name};
@@ -24,7 +24,7 @@ use crate::import::{CandleOwner, device_name};
 /// let t = unsafe { tensorbridge_candle::import(&c) }?;
 /// let back = tensorbridge_candle::export(&t)?; // the same candle tensor
 /// assert_eq!(back.id(), c.id());
-/// assert!(tensorbridge_candle::export(&tensorbridge::Tensor::from_vec(vec![1u32], &[1])?).is_err());
+/// assert!(tensorbridge_candle::export(&tensorbridge_core::Tensor::from_vec(vec![1u32], &[1])?).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn export(tensor: &Tensor) -> Result<candle_core::Tensor, Error> {
@@ -76,7 +76,7 @@ fn describes(tensor: &Tensor, candle: &candle_core::Tensor) -> Result<bool, Erro
 /// not one of the core's host-view element types).
 ///
 /// ```
-/// let t = tensorbridge::Tensor::from_vec(vec![1f32, 2., 3., 4.], &[2, 2])?;
+/// let t = tensorbridge_core::Tensor::from_vec(vec![1f32, 2., 3., 4.], &[2, 2])?;
 /// let c = tensorbridge_candle::export_copied(&t, &candle_core::Device::Cpu)?;
 /// assert_eq!(c.to_vec2::<f32>()?, [[1., 2.], [3., 4.]]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -86,7 +86,7 @@ pub fn export_copied(
     device: &candle_core::Device,
 ) -> Result<candle_core::Tensor, Error> {
     use half::{bf16, f16};
-    use tensorbridge::DType as T;
+    use tensorbridge_core::DType as T;
     let shape: Vec<usize> = tensor.shape().iter().map(|&n| n as usize).collect();
     macro_rules! copy {
         ($t:ty) => {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, Storage};
-use tensorbridge::{Access, Descriptor, Device, RawTensor, Ready, Tensor, TensorRef};
+use tensorbridge_core::{Access, Descriptor, Device, RawTensor, Ready, Tensor, TensorRef};
 
 use crate::Error;
 
@@ -66,7 +66,7 @@ pub(crate) fn describe(
 ) -> Result<Descriptor, Error> {
     let layout = tensor.layout();
     let dtype = dtype_of_candle(tensor.dtype())?;
-    let overflow = |what| tensorbridge::Error::Overflow { what };
+    let overflow = |what| tensorbridge_core::Error::Overflow { what };
     // On the stack up to 8 dimensions: two heap vectors per import were a third of its
     // instructions (docs/BENCHMARKS.md, "Conversions at the metadata floor").
     let shape = layout

@@ -6,7 +6,7 @@
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | candle `Tensor` -> [`Tensor`], owned | `unsafe` [`import`] (CPU, CUDA) | zero-copy: candle's storage, shape, strides and start offset; the candle tensor is the owner | CPU: ready now. CUDA: [`Ready::Stream`](tensorbridge::Ready::Stream) of candle's stream, or an event recorded on it when that is the per-thread default stream (candle's default) |
+//! | candle `Tensor` -> [`Tensor`], owned | `unsafe` [`import`] (CPU, CUDA) | zero-copy: candle's storage, shape, strides and start offset; the candle tensor is the owner | CPU: ready now. CUDA: [`Ready::Stream`](tensorbridge_core::Ready::Stream) of candle's stream, or an event recorded on it when that is the per-thread default stream (candle's default) |
 //! | candle CPU `Tensor` -> tensor, lent for a scope | [`lend`] (safe: candle's storage lock held) | zero-copy, read-only | ready now |
 //! | [`Tensor`] -> candle, the tensor it came from | [`export`] | zero-copy: the original candle tensor | as it was |
 //! | host [`Tensor`] -> candle (any device) | [`export_copied`] | **a copy**, C order, from any strides | ready now (candle copies to its device itself) |
@@ -127,4 +127,4 @@ pub use export::{export, export_copied, export_leaked};
 pub use import::{import, lend};
 
 #[cfg(doc)]
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;

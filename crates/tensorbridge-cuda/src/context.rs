@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, sys};
-use tensorbridge::StreamHandle;
+use tensorbridge_core::StreamHandle;
 
 use crate::error::Error;
 use crate::raw::{self, ensure_driver};
@@ -48,11 +48,11 @@ pub(crate) fn device(ordinal: u32) -> Result<Arc<DeviceCtx>, Error> {
     if let Some((_, dev)) = devices.iter().find(|(o, _)| *o == ordinal) {
         return Ok(dev.clone());
     }
-    let index =
-        usize::try_from(ordinal).map_err(|_| tensorbridge::Error::OrdinalTooLarge { ordinal })?;
+    let index = usize::try_from(ordinal)
+        .map_err(|_| tensorbridge_core::Error::OrdinalTooLarge { ordinal })?;
     // cudarc casts the ordinal to `int`; refuse what would wrap rather than ask for device -1.
     if i32::try_from(ordinal).is_err() {
-        return Err(tensorbridge::Error::OrdinalTooLarge { ordinal }.into());
+        return Err(tensorbridge_core::Error::OrdinalTooLarge { ordinal }.into());
     }
     // cudarc makes the context it retains current: put the caller's back.
     let ctx = {
@@ -110,7 +110,8 @@ fn current_context_device() -> Result<u32, Error> {
 pub(crate) unsafe fn device_of_stream(handle: StreamHandle) -> Result<Arc<DeviceCtx>, Error> {
     ensure_driver()?;
     // SAFETY: libcuda is loaded (just checked); `handle` is a live stream (obligation 1).
-    let ctx = unsafe { raw::stream::get_ctx(raw_stream(tensorbridge::Stream::Handle(handle))) }?;
+    let ctx =
+        unsafe { raw::stream::get_ctx(raw_stream(tensorbridge_core::Stream::Handle(handle))) }?;
     {
         let devices = DEVICES.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, dev)) = devices.iter().find(|(_, d)| d.ctx.cu_ctx() == ctx) {

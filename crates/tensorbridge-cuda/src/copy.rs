@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use tensorbridge::{DeviceType, Stream, TensorRef};
+use tensorbridge_core::{DeviceType, Stream, TensorRef};
 
 use crate::context::{ContextGuard, DeviceCtx, bind, device};
 use crate::error::Error;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{DriverError, sys};
-use tensorbridge::Device;
+use tensorbridge_core::Device;
 
 use crate::types::{CaptureStatus, DeviceUuid, MemoryType};
 
@@ -16,7 +16,7 @@ use crate::types::{CaptureStatus, DeviceUuid, MemoryType};
 pub enum Error {
     /// A refusal of the core (layout, alignment, dtype mismatch, read-only...).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     // ---- the driver ----
     /// libcuda could not be loaded: a machine without an NVIDIA driver.
@@ -55,7 +55,7 @@ pub enum Error {
     )]
     UnknownStreamDevice {
         /// The sentinel.
-        stream: tensorbridge::Stream,
+        stream: tensorbridge_core::Stream,
         /// The tensor's device (pinned or managed memory).
         device: Device,
     },
@@ -349,7 +349,7 @@ pub enum Error {
     )]
     IpcStream {
         /// The stream given.
-        stream: tensorbridge::Stream,
+        stream: tensorbridge_core::Stream,
     },
 }
 
@@ -374,9 +374,9 @@ impl Error {
         }
     }
 
-    /// This crate's error from a [`tensorbridge::SignalError`]: itself when the signal was
+    /// This crate's error from a [`tensorbridge_core::SignalError`]: itself when the signal was
     /// this crate's, wrapped otherwise.
-    pub fn from_signal(err: tensorbridge::SignalError) -> Error {
+    pub fn from_signal(err: tensorbridge_core::SignalError) -> Error {
         match err.downcast::<Error>() {
             Ok(own) => *own,
             Err(other) => Error::Signal(Arc::from(other)),

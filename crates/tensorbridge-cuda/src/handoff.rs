@@ -12,7 +12,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{
+use tensorbridge_core::{
     Device, DeviceType, Ready, ReadySignal, SignalError, Stream, Tensor, TensorRef,
 };
 
@@ -464,7 +464,7 @@ pub unsafe fn make_ready_on_raw<'t>(
 /// already was. Never blocks the host. For a cudarc stream, use the safe [`handoff`].
 ///
 /// ```no_run
-/// # use tensorbridge::{Stream, StreamHandle, Tensor};
+/// # use tensorbridge_core::{Stream, StreamHandle, Tensor};
 /// # fn demo(tensor: Tensor, torch_stream: usize) -> Result<(), tensorbridge_cuda::Error> {
 /// // A stream owned by another framework, as a raw `cudaStream_t`.
 /// let consumer = StreamHandle::new(torch_stream).map_or(Stream::LegacyDefault, Stream::Handle);

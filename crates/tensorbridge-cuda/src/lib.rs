@@ -24,7 +24,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! # fn demo(tensor: &tensorbridge::Tensor, stream: &Arc<cudarc::driver::CudaStream>)
+//! # fn demo(tensor: &tensorbridge_core::Tensor, stream: &Arc<cudarc::driver::CudaStream>)
 //! #     -> Result<(), tensorbridge_cuda::Error> {
 //! // `tensor` came from anywhere (PyTorch, CuPy, a C library), with its producer's readiness.
 //! // Work enqueued on `stream` after this line sees the producer's writes; the host is free.
@@ -35,7 +35,7 @@
 //! ```
 //!
 //! Functions that only order or inspect take a `&Tensor` or a borrowed
-//! [`TensorRef`](tensorbridge::TensorRef) (`tensor.as_ref()`, or an adapter's argument pinned
+//! [`TensorRef`](tensorbridge_core::TensorRef) (`tensor.as_ref()`, or an adapter's argument pinned
 //! for one call): they need no owner. Those that return a tensor ([`handoff`],
 //! [`record_ready`], [`synchronize`]) take a `&Tensor`; their borrowed forms return what
 //! they would attach ([`handoff_ready`], [`settle`]) or nothing ([`wait_ready`]).
@@ -119,8 +119,8 @@
 //! attached that readiness ([`Tensor::with_ready`], `unsafe`) vouched for its streams.
 //!
 //! ```compile_fail,E0133
-//! # fn demo(tensor: &tensorbridge::Tensor) -> Result<(), tensorbridge_cuda::Error> {
-//! use tensorbridge::{Stream, StreamHandle};
+//! # fn demo(tensor: &tensorbridge_core::Tensor) -> Result<(), tensorbridge_cuda::Error> {
+//! use tensorbridge_core::{Stream, StreamHandle};
 //! let made_up = Stream::Handle(StreamHandle::new(0xdead).unwrap()); // fine: a number
 //! let handed = tensorbridge_cuda::handoff_raw(tensor, made_up)?; // refused: the driver trusts it
 //! # Ok(()) }
@@ -218,4 +218,4 @@ const _: () = {
 
 // For the docs' links.
 #[cfg(doc)]
-use tensorbridge::{Ready, Stream, Tensor};
+use tensorbridge_core::{Ready, Stream, Tensor};

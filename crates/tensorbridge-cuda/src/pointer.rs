@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 use cudarc::driver::sys;
-use tensorbridge::{Descriptor, Device, DeviceType};
+use tensorbridge_core::{Descriptor, Device, DeviceType};
 
 use crate::context::{bind, current, device};
 use crate::error::Error;
@@ -139,7 +139,7 @@ fn parse(
 
 /// Checks, by asking the driver, that the whole of `desc.byte_span()` lies inside one live
 /// allocation of the kind its device claims, on that device: what a raw pointer must pass
-/// before it may become a [`Tensor`](tensorbridge::Tensor) (the Python `from_ptr` calls
+/// before it may become a [`Tensor`](tensorbridge_core::Tensor) (the Python `from_ptr` calls
 /// this).
 ///
 /// The allocation is the one holding element 0; the errors say which part is outside

@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Owner, Stream};
+use tensorbridge_core::{Owner, Stream};
 
 use crate::capture::{Capture, capture_of, keep_with_graph};
 use crate::context::{bind, device, relaxed};

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Owner, Stream};
+use tensorbridge_core::{Owner, Stream};
 
 use crate::capture::capture_of;
 use crate::context::{ContextGuard, DeviceCtx, bind, device, device_of_stream};
@@ -185,7 +185,7 @@ pub unsafe fn with_stream_raw<R>(
             let home = unsafe { device_of_stream(h) }?;
             if !Arc::ptr_eq(home.ctx(), dev.ctx()) {
                 return Err(Error::DeviceMismatch {
-                    tensor: tensorbridge::Device::cuda(ordinal),
+                    tensor: tensorbridge_core::Device::cuda(ordinal),
                     stream: home.ctx().ordinal(),
                 });
             }

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use cudarc::driver::{CudaStream, sys};
-use tensorbridge::{Stream, StreamHandle};
+use tensorbridge_core::{Stream, StreamHandle};
 
 /// The kind of memory behind an address, as the driver reports it.
 #[non_exhaustive]

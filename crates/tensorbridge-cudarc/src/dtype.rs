@@ -1,7 +1,7 @@
 //! Which cudarc element types stand for which core dtypes.
 
 use cudarc::driver::DeviceRepr;
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 
 /// A cudarc element type ([`DeviceRepr`]) with the core dtype it stands for.
 ///

@@ -11,7 +11,7 @@ use std::fmt;
 pub enum Error {
     /// A refusal of the core (layout, alignment, dtype mismatch, read-only...).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     /// A refusal of the CUDA driver layer: no driver, a failing driver call, memory kernels
     /// cannot take, a stream of another device, a ready signal that failed.

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
-use tensorbridge::{Constraint, Descriptor, Owner, Tensor, TensorRef};
+use tensorbridge_core::{Constraint, Descriptor, Owner, Tensor, TensorRef};
 
 use crate::view::{DeviceView, DeviceViewMut, Release, make_view};
 use crate::{CudaElement, Error};
@@ -47,12 +47,12 @@ impl KernelLayout {
     }
 
     /// A layout from extents and strides in elements, of equal length (as a validated
-    /// layout has: the core's [`RankMismatch`](tensorbridge::Error::RankMismatch) otherwise);
+    /// layout has: the core's [`RankMismatch`](tensorbridge_core::Error::RankMismatch) otherwise);
     /// [`Error::RankTooLarge`] past [`MAX_KERNEL_RANK`] dimensions.
     pub fn new(shape: &[i64], strides: &[i64]) -> Result<KernelLayout, Error> {
         let rank = shape.len();
         if strides.len() != rank {
-            return Err(tensorbridge::Error::RankMismatch {
+            return Err(tensorbridge_core::Error::RankMismatch {
                 shape: rank,
                 strides: strides.len(),
             }
@@ -230,7 +230,7 @@ struct Taken {
 /// owners of the whole call with one event.
 ///
 /// ```no_run
-/// # fn demo(x: &tensorbridge::Tensor, y: &tensorbridge::Tensor, f: &cudarc::driver::CudaFunction,
+/// # fn demo(x: &tensorbridge_core::Tensor, y: &tensorbridge_core::Tensor, f: &cudarc::driver::CudaFunction,
 /// #         stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), tensorbridge_cudarc::Error> {
 /// use cudarc::driver::PushKernelArg;
 /// let args = tensorbridge_cudarc::KernelArgs::new(stream);
@@ -266,7 +266,7 @@ impl<'s> KernelArgs<'s> {
     }
 
     /// A read-only view of `tensor` (a `&Tensor`, or a [`KernelTensor::borrowed`]), the next
-    /// argument, refused if it overlaps an output ([`tensorbridge::Error::Aliased`]).
+    /// argument, refused if it overlaps an output ([`tensorbridge_core::Error::Aliased`]).
     pub fn input<'t, T: CudaElement>(
         &self,
         tensor: impl Into<KernelTensor<'t>>,
@@ -293,9 +293,9 @@ impl<'s> KernelArgs<'s> {
     }
 
     /// A writable view of `tensor` (a `&Tensor`, or a [`KernelTensor::borrowed`]), the next
-    /// argument: read-write ([`tensorbridge::Error::ReadOnly`]), free of self-overlap
-    /// ([`tensorbridge::Error::SelfOverlap`]) and disjoint from every other argument
-    /// ([`tensorbridge::Error::Aliased`]; those made before it are checked here, those made
+    /// argument: read-write ([`tensorbridge_core::Error::ReadOnly`]), free of self-overlap
+    /// ([`tensorbridge_core::Error::SelfOverlap`]) and disjoint from every other argument
+    /// ([`tensorbridge_core::Error::Aliased`]; those made before it are checked here, those made
     /// after it against it).
     ///
     /// Safe where [`view_mut`](crate::view_mut) is not: the aliasing a kernel could see
@@ -321,7 +321,7 @@ impl<'s> KernelArgs<'s> {
         let arg = tensor.into();
         let desc = arg.tensor.descriptor();
         if desc.is_readonly() {
-            return Err(tensorbridge::Error::ReadOnly.into());
+            return Err(tensorbridge_core::Error::ReadOnly.into());
         }
         desc.layout().check(Constraint::NonOverlapping)?;
         self.check(desc, true, position)?;

@@ -40,7 +40,7 @@
 //! - **Lent** ([`lend`]): the closure gets a [`Lent`], which holds the borrow of the cudarc
 //!   buffer and the tensor that describes it. It does not dereference to the tensor: a
 //!   [`Tensor`] is `'static` and cheap to clone, so a clone would outlive the borrow and let
-//!   safe code read freed memory. It hands out the [`Descriptor`](tensorbridge::Descriptor),
+//!   safe code read freed memory. It hands out the [`Descriptor`](tensorbridge_core::Descriptor),
 //!   views (borrowed from it, so they cannot leave the closure) and hand-off; the tensor
 //!   itself only through the `unsafe` [`Lent::as_tensor`]. When the closure returns (or
 //!   unwinds), the buffer's stream is made to wait (on the GPU) for the work enqueued on every
@@ -186,4 +186,4 @@ const _: () = {
 
 // For the docs' links.
 #[cfg(doc)]
-use tensorbridge::{Ready, Tensor};
+use tensorbridge_core::{Ready, Tensor};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, sys,
 };
-use tensorbridge::{Access, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
+use tensorbridge_core::{Access, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
 
 use tensorbridge_cuda::{ContextGuard, make_ready_on, make_ready_on_raw, ready_on, reclaim};
 
@@ -44,7 +44,7 @@ pub fn check_fits(layout: &Layout, itemsize: usize, len: usize) -> Result<(), Er
 
 /// The 1-D layout of a slice of `len` elements.
 fn layout_1d(len: usize) -> Result<Layout, Error> {
-    let n = i64::try_from(len).map_err(|_| tensorbridge::Error::Overflow {
+    let n = i64::try_from(len).map_err(|_| tensorbridge_core::Error::Overflow {
         what: "slice length",
     })?;
     Ok(Layout::row_major(&[n])?)
@@ -58,8 +58,8 @@ fn describe<T: CudaElement>(
     access: Access,
 ) -> Result<Descriptor, Error> {
     let ordinal = u32::try_from(stream.context().ordinal())
-        .map_err(|_| tensorbridge::Error::OrdinalTooLarge { ordinal: u32::MAX })?;
-    let addr = usize::try_from(ptr).map_err(|_| tensorbridge::Error::Overflow {
+        .map_err(|_| tensorbridge_core::Error::OrdinalTooLarge { ordinal: u32::MAX })?;
+    let addr = usize::try_from(ptr).map_err(|_| tensorbridge_core::Error::Overflow {
         what: "device pointer",
     })?;
     Ok(Descriptor::new(
@@ -299,7 +299,7 @@ impl<S: Source> Lent<S> {
     }
 
     /// A writable view for cudarc launches on `stream`; fails with the core's
-    /// [`ReadOnly`](tensorbridge::Error::ReadOnly) for shared borrows.
+    /// [`ReadOnly`](tensorbridge_core::Error::ReadOnly) for shared borrows.
     ///
     /// Safe, unlike [`view_mut`](crate::view_mut): the buffer is borrowed exclusively (a
     /// `&mut` source) and `&mut self` makes this view the only one.
@@ -308,7 +308,7 @@ impl<S: Source> Lent<S> {
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceViewMut<'_, S::Elem>, Error> {
         if self.tensor.is_readonly() {
-            return Err(tensorbridge::Error::ReadOnly.into());
+            return Err(tensorbridge_core::Error::ReadOnly.into());
         }
         refuse_capture(stream)?;
         self.consumer(stream);
@@ -576,7 +576,7 @@ pub fn try_into_slice<T: CudaElement>(tensor: Tensor) -> Result<CudaSlice<T>, Te
         }
         // Someone upgraded a weak reference in between: rebuild the tensor.
         Err(typed) => {
-            let owner: tensorbridge::Owner = typed;
+            let owner: tensorbridge_core::Owner = typed;
             // SAFETY: the same description and owner as the tensor dropped just above, whose
             // guarantees (made in `own`) hold for as long as the owner lives.
             let rebuilt = unsafe { Tensor::from_descriptor(desc, owner) };

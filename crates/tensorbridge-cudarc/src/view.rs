@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchArgs, PushKernelArg, sys};
-use tensorbridge::{Descriptor, DeviceType, Owner, Ready, Tensor, TensorRef};
+use tensorbridge_core::{Descriptor, DeviceType, Owner, Ready, Tensor, TensorRef};
 
 use tensorbridge_cuda::{make_ready_on, ready_on, retire_on, stream_of};
 
@@ -95,7 +95,7 @@ pub struct DeviceViewMut<'t, T> {
 /// was vouched for by whoever attached it ([`Tensor::with_ready`]).
 ///
 /// ```no_run
-/// # fn demo(tensor: &tensorbridge::Tensor, f: &cudarc::driver::CudaFunction,
+/// # fn demo(tensor: &tensorbridge_core::Tensor, f: &cudarc::driver::CudaFunction,
 /// #         stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
 /// use cudarc::driver::{LaunchConfig, PushKernelArg};
 /// let x = tensorbridge_cudarc::view::<f32>(tensor, stream)?;
@@ -118,7 +118,7 @@ pub fn view<'t, T: CudaElement>(
 
 /// A writable view of `tensor` for cudarc launches on `stream`; the checks and the wait of
 /// [`view`], and the tensor must be read-write (the core's
-/// [`ReadOnly`](tensorbridge::Error::ReadOnly) otherwise).
+/// [`ReadOnly`](tensorbridge_core::Error::ReadOnly) otherwise).
 ///
 /// # Safety
 /// A `Tensor` is cheap to clone, so its type cannot promise exclusive access. The caller
@@ -131,7 +131,7 @@ pub unsafe fn view_mut<'t, T: CudaElement>(
     stream: &Arc<CudaStream>,
 ) -> Result<DeviceViewMut<'t, T>, Error> {
     if tensor.is_readonly() {
-        return Err(tensorbridge::Error::ReadOnly.into());
+        return Err(tensorbridge_core::Error::ReadOnly.into());
     }
     make_view(
         tensor.as_ref(),
@@ -163,7 +163,7 @@ pub(crate) fn make_view<'t, T: CudaElement>(
         _ => return Err(tensorbridge_cuda::Error::NotCudaMemory { device }.into()),
     }
     if T::DTYPE != tensor.dtype() {
-        return Err(tensorbridge::Error::DTypeMismatch {
+        return Err(tensorbridge_core::Error::DTypeMismatch {
             expected: T::DTYPE,
             found: tensor.dtype(),
         }
@@ -225,7 +225,7 @@ impl<'t, T> DeviceView<'t, T> {
     /// (in the tensor's owner, or beside it) until no clone of the tensor names it:
     ///
     /// ```no_run
-    /// # fn demo(tensor: tensorbridge::Tensor, stream: &std::sync::Arc<cudarc::driver::CudaStream>)
+    /// # fn demo(tensor: tensorbridge_core::Tensor, stream: &std::sync::Arc<cudarc::driver::CudaStream>)
     /// #     -> Result<(), tensorbridge_cudarc::Error> {
     /// // SAFETY: nothing else reads or writes `tensor` while `x` and its kernels run.
     /// let x = unsafe { tensorbridge_cudarc::view_mut::<f32>(&tensor, stream)? };

@@ -4,7 +4,7 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use dlpark::ManagedTensorBase;
-use tensorbridge::{DType, Device};
+use tensorbridge_core::{DType, Device};
 
 use crate::import::ManagedOwner;
 
@@ -100,7 +100,7 @@ pub enum Error {
     },
     /// The core refused the descriptor (or, on export, the device ordinal).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 }
 
 /// A refused import. It holds the managed tensor it was given, until the caller takes it back

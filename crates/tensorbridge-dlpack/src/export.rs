@@ -4,7 +4,7 @@
 use std::ptr;
 
 use dlpark::{Managed, legacy, versioned};
-use tensorbridge::{Packing, Tensor};
+use tensorbridge_core::{Packing, Tensor};
 
 use crate::Error;
 use crate::ffi::{

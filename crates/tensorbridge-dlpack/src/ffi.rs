@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::ptr::{self, NonNull};
 
 use dlpark::ManagedTensorBase;
-use tensorbridge::{Packing, Tensor};
+use tensorbridge_core::{Packing, Tensor};
 
 use crate::Imported;
 
@@ -222,7 +222,7 @@ unsafe fn write_kept(place: *mut Imported, tensor: &Tensor, version: Option<DLPa
 ///
 /// Never unwinds into the consumer, and never aborts: if dropping the owner panics (owners
 /// must not: a panicking drop is a bug), the panic is caught and reported, and what was left
-/// to release leaks (`tensorbridge::callback`, the one policy for such entries).
+/// to release leaks (`tensorbridge_core::callback`, the one policy for such entries).
 ///
 /// # Safety
 /// 1. `managed` is null, or a pointer that [`crate::export_versioned`] or
@@ -240,7 +240,7 @@ pub(crate) unsafe extern "C" fn delete_export<M>(managed: *mut M) {
     if let Some(token) = boxed.lent {
         crate::lent::unregister(token);
     }
-    tensorbridge::callback::foreign_entry(
+    tensorbridge_core::callback::foreign_entry(
         "a DLPack deleter (tensorbridge-dlpack)",
         (),
         move || drop(boxed),
@@ -368,7 +368,7 @@ pub(crate) unsafe fn take_own_export<M: Exportable>(
 /// What one of our own exports lent: the kept tensor's device, the bytes it spans, and
 /// whether it was lent read-only.
 pub(crate) struct Extent {
-    pub(crate) device: tensorbridge::Device,
+    pub(crate) device: tensorbridge_core::Device,
     pub(crate) span: std::ops::Range<usize>,
     pub(crate) readonly: bool,
 }

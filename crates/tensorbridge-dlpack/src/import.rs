@@ -5,7 +5,7 @@ use std::slice;
 use std::sync::Arc;
 
 use dlpark::ManagedTensorBase;
-use tensorbridge::{Access, Descriptor, Packing, RawTensor, Tensor};
+use tensorbridge_core::{Access, Descriptor, Packing, RawTensor, Tensor};
 
 use crate::Error;
 use crate::error::ImportError;
@@ -56,7 +56,7 @@ impl Imported {
 ///
 /// ```
 /// use std::ptr::NonNull;
-/// use tensorbridge::Tensor;
+/// use tensorbridge_core::Tensor;
 /// use tensorbridge_dlpack::{export_versioned, import_versioned};
 ///
 /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;

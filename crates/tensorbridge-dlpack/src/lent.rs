@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tensorbridge::{Descriptor, Device};
+use tensorbridge_core::{Descriptor, Device};
 
 /// How many spans are registered (read without the lock).
 static LIVE: AtomicUsize = AtomicUsize::new(0);

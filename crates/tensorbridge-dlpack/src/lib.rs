@@ -1,4 +1,4 @@
-//! DLPack for tensorbridge: converts between the core [`Tensor`](tensorbridge::Tensor) and
+//! DLPack for tensorbridge: converts between the core [`Tensor`](tensorbridge_core::Tensor) and
 //! DLPack managed tensors, both the versioned `DLManagedTensorVersioned` (DLPack 1.x, with
 //! flags) and the legacy `DLManagedTensor`, zero-copy and with exact ownership: every
 //! producer's deleter runs exactly once, when the last user is done. The C ABI is dlpark's
@@ -7,7 +7,7 @@
 //!
 //! | direction | function | data | stream |
 //! |---|---|---|---|
-//! | import, DLPack 1.x | [`import_versioned`] | zero-copy | none in the C struct: the tensor is [`Ready::Now`](tensorbridge::Ready::Now) (our own exports come back with the readiness they left with) |
+//! | import, DLPack 1.x | [`import_versioned`] | zero-copy | none in the C struct: the tensor is [`Ready::Now`](tensorbridge_core::Ready::Now) (our own exports come back with the readiness they left with) |
 //! | import, legacy | [`import_legacy`] | zero-copy | the same |
 //! | export, DLPack 1.3 | [`export_versioned`] | zero-copy | none in the C struct: not ordered |
 //! | export, legacy | [`export_legacy`] | zero-copy | the same |
@@ -16,11 +16,11 @@
 //! `__dlpack__(stream=...)`, which the Python layer (tensorbridge-python) implements: the
 //! producer makes the data ready on the consumer's stream *before* handing the struct over.
 //! So an imported tensor is ready now, and an export does not look at
-//! [`Tensor::ready`](tensorbridge::Tensor::ready): whoever hands the struct to a consumer
+//! [`Tensor::ready`](tensorbridge_core::Tensor::ready): whoever hands the struct to a consumer
 //! orders the consumer's stream first.
 //!
 //! ```
-//! use tensorbridge::Tensor;
+//! use tensorbridge_core::Tensor;
 //! use tensorbridge_dlpack::ffi::DlpackFlags;
 //! use tensorbridge_dlpack::export_versioned;
 //!
@@ -105,7 +105,7 @@ pub use import::{Imported, describe_borrowed, import_legacy, import_versioned};
 /// no flag saying whether it may be written (a legacy capsule, a borrowed `DLTensor`) learns
 /// here that it was lent read-only, whoever hands it back; the imports of this crate already
 /// make such memory read-only. One atomic load while no read-only export is alive.
-pub fn lent_readonly(desc: &tensorbridge::Descriptor) -> bool {
+pub fn lent_readonly(desc: &tensorbridge_core::Descriptor) -> bool {
     lent::overlaps_readonly(desc)
 }
 

@@ -11,7 +11,7 @@ use std::fmt;
 pub enum Error {
     /// A refusal of the core (device, dtype, readiness, access, overlap, arithmetic).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
 
     /// A view asked for with a fixed number of dimensions (`Ix2`, ...) that the tensor does
     /// not have.

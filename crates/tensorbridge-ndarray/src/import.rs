@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ndarray::{ArcArray, Array, ArrayBase, Data, DataMut, Dimension, RawData};
-use tensorbridge::{Access, Descriptor, Element, RawTensor, Tensor, TensorRef};
+use tensorbridge_core::{Access, Descriptor, Element, RawTensor, Tensor, TensorRef};
 
 use crate::{Error, ImportError};
 
@@ -18,7 +18,7 @@ fn describe<T: Element>(
     strides: &[isize],
     access: Access,
 ) -> Result<Descriptor, Error> {
-    let overflow = |what| tensorbridge::Error::Overflow { what };
+    let overflow = |what| tensorbridge_core::Error::Overflow { what };
     let shape = shape
         .iter()
         .map(|&n| i64::try_from(n).map_err(|_| overflow("extent")))
@@ -100,7 +100,7 @@ pub fn try_into_array<T: Element, D: Dimension + 'static>(
         Ok(ArrayOwner(array)) => Ok(array),
         // Someone upgraded a weak reference in between: rebuild the tensor.
         Err(typed) => {
-            let owner: tensorbridge::Owner = typed;
+            let owner: tensorbridge_core::Owner = typed;
             // SAFETY: the same description and owner as the tensor dropped just above, whose
             // guarantees (made in `import`) hold for as long as the owner lives; host memory,
             // ready now, as the dropped tensor was.

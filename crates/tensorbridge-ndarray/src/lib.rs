@@ -5,7 +5,7 @@
 //!
 //! | direction | call | data | stream |
 //! |---|---|---|---|
-//! | host [`Tensor`] -> `ArrayView`, borrowed | [`view`], [`view_ref`] (a [`TensorRef`]) | zero-copy, every stride (negative, zero) | needs [`Ready::Now`](tensorbridge::Ready::Now): ndarray reads from the host at once |
+//! | host [`Tensor`] -> `ArrayView`, borrowed | [`view`], [`view_ref`] (a [`TensorRef`]) | zero-copy, every stride (negative, zero) | needs [`Ready::Now`](tensorbridge_core::Ready::Now): ndarray reads from the host at once |
 //! | host [`Tensor`] -> `ArrayViewMut`, borrowed | `unsafe` [`view_mut`], [`view_mut_ref`] | zero-copy; layouts in which two elements share an address are refused | as above |
 //! | `Array` -> [`Tensor`], owned | [`import`]; back with [`try_into_array`] | zero-copy, the array moves into the owner, read-write | ready now (host memory) |
 //! | `ArcArray` -> [`Tensor`], shared | [`import_shared`] | zero-copy, read-only (the other clones may read it) | ready now |
@@ -66,7 +66,7 @@
 //! - [`view_mut`] is `unsafe` for the reason the core's `host_view_mut` is: a [`Tensor`] is
 //!   cheap to clone and cannot promise that nobody else reads or writes meanwhile.
 //!
-//! [`Bool8`]: tensorbridge::Bool8
+//! [`Bool8`]: tensorbridge_core::Bool8
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -81,7 +81,7 @@ pub use view::{view, view_mut, view_mut_ref, view_ref};
 #[cfg(doc)]
 use ndarray::{Array, ArrayView, ArrayViewMut};
 #[cfg(doc)]
-use tensorbridge::{Descriptor, Element, Tensor, TensorRef};
+use tensorbridge_core::{Descriptor, Element, Tensor, TensorRef};
 
 // `Send + Sync`, checked at compile time: `Lent` holds a `Tensor` (Send + Sync, see the core) and a `PhantomData` of a
 // borrow of the array's elements, which is Send/Sync exactly when a reference to them is.

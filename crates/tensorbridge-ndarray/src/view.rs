@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 
 use ndarray::{ArrayView, ArrayViewMut, Axis, Dimension, ShapeBuilder, StrideShape};
-use tensorbridge::{Constraint, Descriptor, Element, Tensor, TensorRef};
+use tensorbridge_core::{Constraint, Descriptor, Element, Tensor, TensorRef};
 
 use crate::Error;
 
@@ -14,11 +14,11 @@ use crate::Error;
 ///
 /// `D` is the dimension type: `Ix1`..`Ix6` for a fixed rank ([`Error::RankMismatch`]
 /// otherwise), `IxDyn` for any. Fails, with the core's error, unless the tensor is in
-/// host-accessible memory, of dtype `T`, and ready ([`Ready::Now`](tensorbridge::Ready::Now)).
+/// host-accessible memory, of dtype `T`, and ready ([`Ready::Now`](tensorbridge_core::Ready::Now)).
 ///
 /// ```
 /// use ndarray::IxDyn;
-/// let t = tensorbridge::Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?;
+/// let t = tensorbridge_core::Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?;
 /// let v = tensorbridge_ndarray::view::<i32, IxDyn>(&t)?;
 /// assert_eq!(v.t()[[2, 1]], 6);
 /// # Ok::<(), tensorbridge_ndarray::Error>(())
@@ -118,7 +118,7 @@ impl<T: Element, D: Dimension> Parts<T, D> {
                 found: ndim,
             });
         }
-        let overflow = |what| tensorbridge::Error::Overflow { what };
+        let overflow = |what| tensorbridge_core::Error::Overflow { what };
         let mut dim = D::zeros(ndim);
         let mut strides = D::zeros(ndim);
         let empty = desc.numel() == 0;

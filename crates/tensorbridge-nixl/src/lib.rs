@@ -53,7 +53,7 @@ use nixl_sys::{
     Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, RegDescList, RegistrationHandle,
     XferDescList,
 };
-use tensorbridge::{Device, DeviceType, Tensor};
+use tensorbridge_core::{Device, DeviceType, Tensor};
 
 /// The most contiguous runs [`xfer_desc_list`] cuts one tensor into by default: each run is a
 /// descriptor, and NIXL's cost grows with their count.

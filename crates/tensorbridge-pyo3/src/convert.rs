@@ -3,8 +3,8 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyType};
-use tensorbridge::{DType, Device, Packing};
 use tensorbridge_cai::{ImportOptions, TypeStr};
+use tensorbridge_core::{DType, Device, Packing};
 
 use crate::error::{Error, Result};
 
@@ -62,12 +62,12 @@ pub(crate) fn dtype_from_name(name: &str) -> Result<DType> {
             tensorbridge_cai::Error::NonNativeByteOrder { .. } => Error::NonNativeDType {
                 name: name.to_owned(),
             },
-            _ => tensorbridge::Error::UnknownDTypeName {
+            _ => tensorbridge_core::Error::UnknownDTypeName {
                 name: name.to_owned(),
             }
             .into(),
         }),
-        Err(_) => Err(tensorbridge::Error::UnknownDTypeName {
+        Err(_) => Err(tensorbridge_core::Error::UnknownDTypeName {
             name: name.to_owned(),
         }
         .into()),
@@ -204,7 +204,7 @@ pub(crate) fn device_from_py(obj: &Bound<'_, PyAny>) -> Result<Device> {
 /// device, as in PyTorch (`torch.device("cuda")`) and CuPy, not `cuda:0`.
 fn parse_device(name: &str) -> Result<Device> {
     let device = name.parse::<Device>()?;
-    if device.kind == tensorbridge::DeviceType::Cuda && !name.contains(':') {
+    if device.kind == tensorbridge_core::DeviceType::Cuda && !name.contains(':') {
         return Ok(Device::cuda(current_cuda_ordinal()));
     }
     Ok(device)
@@ -273,7 +273,9 @@ mod tests {
         ));
         assert!(matches!(
             dtype_from_name("float33"),
-            Err(Error::Core(tensorbridge::Error::UnknownDTypeName { .. }))
+            Err(Error::Core(
+                tensorbridge_core::Error::UnknownDTypeName { .. }
+            ))
         ));
     }
 

@@ -2,7 +2,7 @@
 
 use pyo3::PyErr;
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
-use tensorbridge::Device;
+use tensorbridge_core::Device;
 
 /// Everything this crate refuses. Messages say what was expected and what was found; the
 /// adapters' errors (and cudarc's `DriverError`) convert with `?` and pass through unchanged, and a Python exception raised by a producer
@@ -18,7 +18,7 @@ use tensorbridge::Device;
 pub enum Error {
     /// A refusal of the core (layout, alignment, dtype or device names, streams...).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
     /// A refusal of the DLPack adapter (versions, flags, null shape or strides...).
     #[error(transparent)]
     Dlpack(#[from] tensorbridge_dlpack::Error),
@@ -465,8 +465,8 @@ fn cuda_exception(cuda: &tensorbridge_cuda::Error, msg: String) -> PyErr {
     }
 }
 
-fn core_exception(core: &tensorbridge::Error, msg: String) -> PyErr {
-    use tensorbridge::Error as Core;
+fn core_exception(core: &tensorbridge_core::Error, msg: String) -> PyErr {
+    use tensorbridge_core::Error as Core;
     match core {
         Core::UnknownDTypeCode { .. }
         | Core::InvalidBits { .. }
@@ -481,7 +481,7 @@ fn core_exception(core: &tensorbridge::Error, msg: String) -> PyErr {
 
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
-        use tensorbridge::Error as Core;
+        use tensorbridge_core::Error as Core;
         use tensorbridge_dlpack::Error as Dlpack;
         let msg = e.to_string();
         match e {

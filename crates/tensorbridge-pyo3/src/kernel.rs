@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream};
 use pyo3::prelude::*;
-use tensorbridge::{DeviceType, Owner, Stream, TensorRef};
+use tensorbridge_core::{DeviceType, Owner, Stream, TensorRef};
 use tensorbridge_cuda::StreamLife;
 use tensorbridge_cudarc::{CudaElement, DeviceView, DeviceViewMut, KernelArgs, KernelTensor};
 

@@ -186,7 +186,7 @@ mod python;
 mod share;
 
 use pyo3::prelude::*;
-use tensorbridge::{Descriptor, Ready, Tensor, TensorRef};
+use tensorbridge_core::{Descriptor, Ready, Tensor, TensorRef};
 
 pub use error::{Error, Result};
 pub use floor::view::View;
@@ -321,7 +321,7 @@ impl<'a, 'py> TensorArg<'a, 'py> {
 
     /// An owner that pins this argument's memory (and holds the object), for what must be
     /// kept past the call.
-    pub(crate) fn owner(&self) -> tensorbridge::Owner {
+    pub(crate) fn owner(&self) -> tensorbridge_core::Owner {
         self.imported.owner(&self.obj)
     }
 

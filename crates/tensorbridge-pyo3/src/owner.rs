@@ -1,4 +1,4 @@
-//! Owners that keep Python objects alive behind a [`Tensor`](tensorbridge::Tensor): the
+//! Owners that keep Python objects alive behind a [`Tensor`](tensorbridge_core::Tensor): the
 //! producer object, a held buffer-protocol view, a `release` callback.
 //!
 //! A tensor's owner is dropped wherever its last clone goes: on a thread holding the GIL, on
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, gc::PyVisit};
-use tensorbridge::Owner;
+use tensorbridge_core::Owner;
 
 use crate::ffi::attach::attached;
 use crate::ffi::{Py_buffer, PyBuffer_Release, PyObject_GetBuffer};

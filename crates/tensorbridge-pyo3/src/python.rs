@@ -1,7 +1,7 @@
 //! The functions of the `tensorbridge` Python module: `asview` and `from_ptr`.
 
 use pyo3::prelude::*;
-use tensorbridge::{Access, Descriptor, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_core::{Access, Descriptor, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
 
 use crate::convert::{current_cuda_ordinal, device_from_py, dtype_from_py, type_name};
 use crate::error::{Error, Result};

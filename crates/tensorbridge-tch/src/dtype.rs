@@ -18,7 +18,7 @@
 //! on the way to libtorch.
 
 use tch::Kind;
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 
 use crate::{Error, ScalarType};
 

@@ -1,6 +1,6 @@
 //! The crate's one error type.
 
-use tensorbridge::{DType, Device};
+use tensorbridge_core::{DType, Device};
 
 use crate::{ScalarType, TorchDevice, TorchLayout};
 
@@ -13,7 +13,7 @@ use crate::{ScalarType, TorchDevice, TorchLayout};
 pub enum Error {
     /// A refusal of the core (rank, overflow, alignment, address span...).
     #[error(transparent)]
-    Core(#[from] tensorbridge::Error),
+    Core(#[from] tensorbridge_core::Error),
     /// The stream hand-off on the CUDA driver failed (or there is no driver).
     #[error(transparent)]
     Cuda(#[from] tensorbridge_cuda::Error),

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::ptr;
 
 #[cfg(doc)]
-use tensorbridge::Ready;
-use tensorbridge::{DeviceType, ExclusiveTensor, Owner, Stream, Tensor};
+use tensorbridge_core::Ready;
+use tensorbridge_core::{DeviceType, ExclusiveTensor, Owner, Stream, Tensor};
 
 use crate::Error;
 use crate::ffi::{self, ScalarType, TorchDeviceType};
@@ -62,7 +62,7 @@ struct Release {
 ///
 /// Never unwinds into libtorch, and never aborts: if dropping the owner panics (owners must
 /// not: a panicking drop is a bug), the panic is caught and reported, and what was left to
-/// release leaks (`tensorbridge::callback`, the one policy for such entries).
+/// release leaks (`tensorbridge_core::callback`, the one policy for such entries).
 ///
 /// # Safety
 /// 1. `ctx` came from `Box::into_raw` of a `Box<Release>` in [`export_with`], and this is
@@ -70,18 +70,22 @@ struct Release {
 unsafe extern "C" fn release(ctx: *mut c_void) {
     // SAFETY: obligation 1: the box's own pointer, turned back into the box exactly once.
     let boxed = unsafe { Box::from_raw(ctx.cast::<Release>()) };
-    tensorbridge::callback::foreign_entry("libtorch's deleter (tensorbridge-tch)", (), move || {
-        let Release { owner, cuda } = *boxed;
-        match cuda {
-            // SAFETY: `stream` was libtorch's current stream of device `ordinal` when the
-            // tensor was made: its default stream or a pool stream, which libtorch never
-            // destroys (the primary context's; never the per-thread stream), so it is live.
-            Some((ordinal, stream)) => unsafe {
-                tensorbridge_cuda::retire_on_raw(ordinal, stream, owner);
-            },
-            None => drop(owner),
-        }
-    });
+    tensorbridge_core::callback::foreign_entry(
+        "libtorch's deleter (tensorbridge-tch)",
+        (),
+        move || {
+            let Release { owner, cuda } = *boxed;
+            match cuda {
+                // SAFETY: `stream` was libtorch's current stream of device `ordinal` when the
+                // tensor was made: its default stream or a pool stream, which libtorch never
+                // destroys (the primary context's; never the per-thread stream), so it is live.
+                Some((ordinal, stream)) => unsafe {
+                    tensorbridge_cuda::retire_on_raw(ordinal, stream, owner);
+                },
+                None => drop(owner),
+            }
+        },
+    );
 }
 
 /// The libtorch device for a core device: CPU (and pinned host memory, which libtorch treats
@@ -107,7 +111,7 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 /// Safe code cannot make libtorch write under a live view of a shared tensor:
 ///
 /// ```compile_fail,E0133
-/// let t = tensorbridge::Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+/// let t = tensorbridge_core::Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
 /// let slice: &[f32] = t.as_ref().as_slice()?; // a live shared view
 /// let _ = tensorbridge_tch::export(&t)?.fill_(11.0); // refused: `export` is `unsafe`
 /// assert_eq!(slice, [1.0, 2.0]);
@@ -115,7 +119,7 @@ fn torch_device(tensor: &Tensor) -> Result<(TorchDeviceType, i8), Error> {
 /// ```
 ///
 /// ```
-/// use tensorbridge::Tensor;
+/// use tensorbridge_core::Tensor;
 ///
 /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
 /// // SAFETY: no view of `t` is alive while libtorch writes below.
@@ -140,7 +144,7 @@ pub unsafe fn export(tensor: &Tensor) -> Result<tch::Tensor, Error> {
 /// everything else as [`export_with`] refuses it.
 ///
 /// ```
-/// use tensorbridge::Tensor;
+/// use tensorbridge_core::Tensor;
 ///
 /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
 /// let ptr = t.data_ptr();

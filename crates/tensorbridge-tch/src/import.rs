@@ -6,7 +6,7 @@ use std::ptr::{self, NonNull};
 use std::slice;
 use std::sync::Arc;
 
-use tensorbridge::{Access, Descriptor, Device, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_core::{Access, Descriptor, Device, RawTensor, Ready, Stream, Tensor};
 
 use crate::ffi::{self, TensorInfo};
 use crate::{Error, TorchDevice, TorchDeviceType, TorchLayout};
@@ -316,7 +316,7 @@ fn validate(info: &TensorInfo) -> Result<Descriptor, Error> {
 /// libtorch's current stream of its device (an event, for the per-thread default stream);
 /// at once on the host.
 fn readiness(device: Device, device_index: i8) -> Result<Ready, Error> {
-    if device.kind != tensorbridge::DeviceType::Cuda {
+    if device.kind != tensorbridge_core::DeviceType::Cuda {
         return Ok(Ready::Now);
     }
     Ok(match current_cuda_stream(device_index)? {

@@ -8,12 +8,12 @@
 //! | direction | function | data | stream |
 //! |---|---|---|---|
 //! | `&tch::Tensor` -> [`Tensor`] | [`import`] (`unsafe`: the caller promises not to resize the storage meanwhile) | zero-copy, read-write; every dtype with a DLPack code, CPU and CUDA, strides and storage offset kept | CUDA: [`Ready::Stream`] of libtorch's current stream for the device (read through the shim); CPU: [`Ready::Now`] |
-//! | [`Tensor`] -> `tch::Tensor` | [`export_exclusive`] (safe: a [`tensorbridge::ExclusiveTensor`]); `unsafe` [`export`], [`export_with`] (a shared `&Tensor`: the caller promises no Rust view reads while libtorch writes) | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
-//! | `tch::Kind` <-> [`DType`](tensorbridge::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
+//! | [`Tensor`] -> `tch::Tensor` | [`export_exclusive`] (safe: a [`tensorbridge_core::ExclusiveTensor`]); `unsafe` [`export`], [`export_with`] (a shared `&Tensor`: the caller promises no Rust view reads while libtorch writes) | zero-copy; the byte offset folded into the data pointer | CUDA: libtorch's current stream waits on the GPU for the tensor's [`Ready`] (an event, no host wait); a host tensor that is not ready is waited for on the host |
+//! | `tch::Kind` <-> [`DType`](tensorbridge_core::DType) | [`dtype_of_kind`], [`kind_of_dtype`], [`ScalarType`] | none | none |
 //! | libtorch's current stream -> cudarc stream, for a scope | [`with_current_stream`] | none | your own cudarc kernel on tch tensors runs where libtorch's next operation will, ordered both ways with no event |
 //!
 //! ```
-//! use tensorbridge::Tensor;
+//! use tensorbridge_core::Tensor;
 //!
 //! let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3])?;
 //! // Sound (`export`'s obligation 1): nothing writes through `torch` while views read below.
@@ -74,7 +74,7 @@
 //!   tch tensor over a shared [`Tensor`]'s memory would let safe code change the bytes under
 //!   a live `&[T]` slice or host view of it (or of a clone), which Rust's aliasing rules
 //!   forbid even on one thread. So the safe export, [`export_exclusive`], takes a
-//!   [`tensorbridge::ExclusiveTensor`] (the only holder of its owner, borrowed by nothing),
+//!   [`tensorbridge_core::ExclusiveTensor`] (the only holder of its owner, borrowed by nothing),
 //!   which moves into libtorch's storage; [`export`] and [`export_with`] take a shared
 //!   `&Tensor` and are `unsafe`, their caller promising that no Rust view reads the memory
 //!   while libtorch writes it.
@@ -137,4 +137,4 @@ pub use tch;
 
 // For the docs' links.
 #[cfg(doc)]
-use tensorbridge::{Ready, Tensor};
+use tensorbridge_core::{Ready, Tensor};

@@ -5,7 +5,7 @@
 
 use std::ptr::{self, NonNull};
 
-use tensorbridge::{Access, DType, DTypeCode, Device, RawTensor, Tensor};
+use tensorbridge_core::{Access, DType, DTypeCode, Device, RawTensor, Tensor};
 use tensorbridge_dlpack::ffi::DLManagedTensorVersioned;
 use tensorbridge_testkit::DropCounter;
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tensorbridge::{
+use tensorbridge_core::{
     Access, DType, DTypeCode, Descriptor, DeviceType, Element, Layout, Owner, Packing, RawTensor,
     ReadySignal, SignalError, Stream, Tensor,
 };

@@ -2,8 +2,8 @@
 
 use burn_tensor::{Float, Int, Tensor as Burn};
 use proptest::prelude::*;
-use tensorbridge::{Access, DType, RawTensor, Tensor};
 use tensorbridge_burn::Error;
+use tensorbridge_core::{Access, DType, RawTensor, Tensor};
 use tensorbridge_testkit::{DropCounter, HostBuffer, all_indices, small_layout};
 
 /// burn's own copy of a tensor's values, in logical C order.

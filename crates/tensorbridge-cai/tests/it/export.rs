@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use tensorbridge::{
-    Access, DType, DTypeCode, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream,
-    StreamHandle, Tensor,
-};
 use tensorbridge_cai::{
     ArrayData, ArrayInterface, CudaArrayInterface, DataPointer, EXPORT_VERSION, TypeStr,
+};
+use tensorbridge_core::{
+    Access, DType, DTypeCode, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream,
+    StreamHandle, Tensor,
 };
 
 use crate::ts;

@@ -2,11 +2,11 @@
 
 use proptest::collection::vec;
 use proptest::prelude::*;
-use tensorbridge::{
-    DType, Device, DeviceType, Packing, Ready, Stream, StreamHandle, StreamRequest,
-};
 use tensorbridge_cai::{
     ArrayData, BufferRegion, CudaArrayInterface, DataPointer, ImportOptions, TypeStr,
+};
+use tensorbridge_core::{
+    DType, Device, DeviceType, Packing, Ready, Stream, StreamHandle, StreamRequest,
 };
 use tensorbridge_testkit::{DropCounter, dtype};
 

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use tensorbridge::{
-    Access, DType, DTypeCode, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream,
-    StreamConvention, Tensor,
-};
 use tensorbridge_cai::{
     ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DescrField, DescrFormat, Error,
     ImportOptions, Interface, TypeStr, TypeStrProblem,
+};
+use tensorbridge_core::{
+    Access, DType, DTypeCode, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream,
+    StreamConvention, Tensor,
 };
 
 use crate::{cai, host, plain, ts};
@@ -374,7 +374,7 @@ fn host_export_with_pending_work() {
     // stream; 2: the legacy default stream is no handle; 3: not the per-thread default stream.
     let t = unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) };
     let (e, msg) = refused(ArrayInterface::export(&t));
-    assert_eq!(e, Error::Core(tensorbridge::Error::NotReady));
+    assert_eq!(e, Error::Core(tensorbridge_core::Error::NotReady));
     assert_eq!(
         msg,
         "the tensor has pending device work (expected it ready; synchronize through its adapter first)"
@@ -384,7 +384,7 @@ fn host_export_with_pending_work() {
 #[test]
 fn handles_the_cai_cannot_carry() {
     // A handle above i64::MAX has no Python int in the CAI's signed convention.
-    let h = tensorbridge::StreamHandle::new(usize::MAX).unwrap();
+    let h = tensorbridge_core::StreamHandle::new(usize::MAX).unwrap();
     let layout = Layout::row_major(&[2]).unwrap();
     let d = Descriptor::new(
         0x1000,
@@ -401,7 +401,7 @@ fn handles_the_cai_cannot_carry() {
     ));
     assert_eq!(
         e,
-        Error::Core(tensorbridge::Error::StreamNotRepresentable {
+        Error::Core(tensorbridge_core::Error::StreamNotRepresentable {
             stream: Stream::Handle(h),
             convention: StreamConvention::CudaArrayInterface
         })
@@ -424,7 +424,7 @@ fn byte_strides_not_a_multiple_of_the_item_size() {
     let (e, msg) = refused(c.import(GPU, &plain()));
     assert_eq!(
         e,
-        Error::Core(tensorbridge::Error::StrideNotMultiple {
+        Error::Core(tensorbridge_core::Error::StrideNotMultiple {
             dim: 1,
             stride_bytes: 4,
             itemsize: 8
@@ -441,7 +441,7 @@ fn misaligned_data() {
     let (e, msg) = refused(cai("<f4", &[2], 0x1002).import(GPU, &plain()));
     assert_eq!(
         e,
-        Error::Core(tensorbridge::Error::Misaligned {
+        Error::Core(tensorbridge_core::Error::Misaligned {
             addr: 0x1002,
             align: 4
         })
@@ -452,7 +452,10 @@ fn misaligned_data() {
 #[test]
 fn null_data_with_elements() {
     let (e, msg) = refused(cai("<f4", &[2, 3], 0).import(GPU, &plain()));
-    assert_eq!(e, Error::Core(tensorbridge::Error::NullData { numel: 6 }));
+    assert_eq!(
+        e,
+        Error::Core(tensorbridge_core::Error::NullData { numel: 6 })
+    );
     assert_eq!(
         msg,
         "data pointer is null but the tensor has 6 elements (null is allowed only when empty)"
@@ -466,7 +469,7 @@ fn strides_of_another_rank() {
     let (e, msg) = refused(h.import(&plain()));
     assert_eq!(
         e,
-        Error::Core(tensorbridge::Error::RankMismatch {
+        Error::Core(tensorbridge_core::Error::RankMismatch {
             shape: 2,
             strides: 1
         })
@@ -479,7 +482,7 @@ fn negative_extents() {
     let (e, msg) = refused(host("<i4", &[2, -3], 0x1000).import(&plain()));
     assert_eq!(
         e,
-        Error::Core(tensorbridge::Error::NegativeSize { dim: 1, size: -3 })
+        Error::Core(tensorbridge_core::Error::NegativeSize { dim: 1, size: -3 })
     );
     assert_eq!(msg, "dimension 1 has negative size -3");
 }

@@ -4,11 +4,11 @@
 use std::fmt::Debug;
 
 use proptest::prelude::*;
-use tensorbridge::{
+use tensorbridge_cai::{ArrayInterface, CudaArrayInterface, ImportOptions, TypeStr};
+use tensorbridge_core::{
     Bool8, DType, Descriptor, Device, DeviceType, Element, Packing, Ready, Stream, StreamHandle,
     StreamRequest,
 };
-use tensorbridge_cai::{ArrayInterface, CudaArrayInterface, ImportOptions, TypeStr};
 use tensorbridge_testkit::{DropCounter, HostBuffer, RawParts, small_layout, valid_raw};
 
 use crate::config;

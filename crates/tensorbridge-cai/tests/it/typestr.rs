@@ -3,10 +3,10 @@
 use std::num::NonZeroU32;
 
 use proptest::prelude::*;
-use tensorbridge::{DType, DTypeCode};
 use tensorbridge_cai::{
     ByteOrder, DateTimeUnit, Error, ImportOptions, TimeUnit, TypeKind, TypeStr,
 };
+use tensorbridge_core::{DType, DTypeCode};
 use tensorbridge_testkit::dtype;
 
 use crate::{config, plain, ts};
@@ -98,7 +98,10 @@ fn ml_dtypes_typestrs_match_reference() {
                 parsed.to_dtype(&plain()),
                 Err(Error::VoidNeedsDType { typestr: parsed })
             );
-            assert_eq!(dt.storage_bits(tensorbridge::Packing::Padded) / 8, itemsize);
+            assert_eq!(
+                dt.storage_bits(tensorbridge_core::Packing::Padded) / 8,
+                itemsize
+            );
         } else {
             // float8_e5m2 is `<f1`, which nothing else produces or takes.
             assert_eq!(name, "float8_e5m2");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType as D, Device as CandleDevice, Storage, Tensor as Candle};
 use cudarc::driver::{CudaStream, DevicePtr, result, sys};
-use tensorbridge::{Access, DType, Device, RawTensor, Ready, Stream, StreamHandle, Tensor};
+use tensorbridge_core::{Access, DType, Device, RawTensor, Ready, Stream, StreamHandle, Tensor};
 use tensorbridge_testkit::DropCounter;
 use tensorbridge_testkit::gpu::{Affine, Kernels};
 

@@ -43,7 +43,7 @@ fn the_round_trip_gives_the_same_candle_tensor() {
 
 #[test]
 fn tensors_candle_did_not_make_are_refused_with_the_copy_named() {
-    let t = tensorbridge::Tensor::from_vec(vec![1f32, 2.0], &[2]).unwrap();
+    let t = tensorbridge_core::Tensor::from_vec(vec![1f32, 2.0], &[2]).unwrap();
     let e = tensorbridge_candle::export(&t).unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -64,10 +64,10 @@ fn tensors_candle_did_not_make_are_refused_with_the_copy_named() {
 #[test]
 fn export_leaked_refuses_read_only_tensors() {
     let shape = [4i64];
-    let desc = tensorbridge::RawTensor::new(
+    let desc = tensorbridge_core::RawTensor::new(
         0x10000,
-        tensorbridge::Device::cuda(0),
-        tensorbridge::DType::FLOAT32,
+        tensorbridge_core::Device::cuda(0),
+        tensorbridge_core::DType::FLOAT32,
         &shape,
     )
     .validate()
@@ -75,7 +75,7 @@ fn export_leaked_refuses_read_only_tensors() {
     .to_readonly();
     let counter = DropCounter::new();
     // SAFETY: never dereferenced: the export is refused before any memory is touched.
-    let t = unsafe { tensorbridge::Tensor::from_descriptor(desc, counter.owner()) };
+    let t = unsafe { tensorbridge_core::Tensor::from_descriptor(desc, counter.owner()) };
     // The CPU device: the refusal comes before the device is looked at.
     let e = tensorbridge_candle::export_leaked(&t, &Device::Cpu).unwrap_err();
     assert!(

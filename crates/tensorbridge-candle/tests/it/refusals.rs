@@ -1,8 +1,8 @@
 //! Refusals: their variants and messages.
 
 use candle_core::{DType as D, Device, Tensor as Candle};
-use tensorbridge::{DType, RawTensor, Tensor};
 use tensorbridge_candle::Error;
+use tensorbridge_core::{DType, RawTensor, Tensor};
 
 #[test]
 fn candle_fp4_is_refused() {
@@ -41,7 +41,7 @@ fn copies_need_host_memory() {
     let shape = [2i64];
     let desc = RawTensor::new(
         0x1000,
-        tensorbridge::Device::cuda(0),
+        tensorbridge_core::Device::cuda(0),
         DType::FLOAT32,
         &shape,
     )
@@ -53,7 +53,7 @@ fn copies_need_host_memory() {
     assert!(
         matches!(
             e,
-            Error::Core(tensorbridge::Error::NotHostAccessible { .. })
+            Error::Core(tensorbridge_core::Error::NotHostAccessible { .. })
         ),
         "{e}"
     );

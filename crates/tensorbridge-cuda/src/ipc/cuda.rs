@@ -10,7 +10,7 @@
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 use super::wire::DeviceUuid;
 use crate::Error;
@@ -23,7 +23,10 @@ use crate::scope::with_spare;
 /// The UUID of the device this process calls `ordinal`.
 pub fn device_uuid(ordinal: u32) -> Result<DeviceUuid, Error> {
     ensure_driver()?;
-    uuid_of(i32::try_from(ordinal).map_err(|_| tensorbridge::Error::OrdinalTooLarge { ordinal })?)
+    uuid_of(
+        i32::try_from(ordinal)
+            .map_err(|_| tensorbridge_core::Error::OrdinalTooLarge { ordinal })?,
+    )
 }
 
 /// The UUID of device `ordinal`; the driver is initialised (the callers' `ensure_driver`).

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tensorbridge::{DeviceType, Tensor};
+use tensorbridge_core::{DeviceType, Tensor};
 
 use super::cuda::{IpcEvent, check_shareable, device_uuid, mem_handle};
 use super::lifetime::{MAX_CONSUMERS, Refusal, SLOTS, SlotFile, me, uid};

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Device, Owner, Ready, Stream, Tensor};
+use tensorbridge_core::{Device, Owner, Ready, Stream, Tensor};
 
 use super::cuda::{ImportedEvent, Mapping, ordinal_of};
 use super::export::{local, unlocal};

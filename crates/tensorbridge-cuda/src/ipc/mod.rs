@@ -4,7 +4,7 @@
 //! handle into a [`Tensor`] over the same memory in another process.
 //!
 //! ```no_run
-//! # fn demo(tensor: &tensorbridge::Tensor) -> Result<(), tensorbridge_cuda::Error> {
+//! # fn demo(tensor: &tensorbridge_core::Tensor) -> Result<(), tensorbridge_cuda::Error> {
 //! use tensorbridge_cuda::ipc;
 //! // Producer: any CUDA tensor (PyTorch's, CuPy's, a C library's), pending work and all.
 //! let shared = ipc::export(tensor, 1)?;
@@ -139,7 +139,7 @@ pub use wire::{IpcHandle, MAX_NDIM, ProcessId, VERSION};
 #[cfg(doc)]
 use crate::Error;
 #[cfg(doc)]
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 /// Something this process noticed about another process of a share.
 #[non_exhaustive]

@@ -40,7 +40,7 @@
 
 use std::fmt;
 
-use tensorbridge::{Access, DType, Descriptor, Device, Packing, RawTensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Packing, RawTensor};
 
 use crate::Error;
 // The UUID is a plain value of the layer's bottom (`types`); named here for the decoder and the
@@ -567,7 +567,7 @@ mod tests {
 
     fn sample(ndim: usize) -> Fields {
         let shape: Vec<i64> = (0..ndim).map(|i| i as i64 + 2).collect();
-        let layout = tensorbridge::Layout::row_major(&shape).unwrap();
+        let layout = tensorbridge_core::Layout::row_major(&shape).unwrap();
         Fields {
             access: Access::ReadWrite,
             packing: Packing::Packed,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
 use cudarc::driver::{CudaStream, DevicePtr as _};
-use tensorbridge::{Owner, Ready};
+use tensorbridge_core::{Owner, Ready};
 use tensorbridge_cuda::Error;
 use tensorbridge_cuda::ipc::{self, IpcHandle, Report};
 use tensorbridge_testkit::DropCounter;
@@ -26,7 +26,7 @@ pub(crate) const N: usize = 4096;
 /// A producer's tensor: `N` floats of [`pattern`] in a fresh `cuMemAlloc` allocation, owned
 /// by a counted owner that also frees the allocation, ready on `a` (so an export records an
 /// interprocess event for it).
-fn produce(a: &Arc<CudaStream>, counter: &DropCounter) -> Result<(tensorbridge::Tensor, u64)> {
+fn produce(a: &Arc<CudaStream>, counter: &DropCounter) -> Result<(tensorbridge_core::Tensor, u64)> {
     let alloc = RawAlloc::new(a.context(), N * 4)?;
     from_host(a, alloc.ptr, &pattern(N))?;
     let ptr = alloc.ptr;

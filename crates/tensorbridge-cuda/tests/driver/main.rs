@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Owner, Packing, Ready, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Owner, Packing, Ready, Tensor};
 
 /// Whether the loaded driver is the stand-in (it names its devices so).
 pub(crate) fn standin() -> bool {

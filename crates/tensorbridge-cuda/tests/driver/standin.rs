@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use cudarc::driver::sys;
-use tensorbridge::{DType, Descriptor, Device, Layout, Packing};
+use tensorbridge_core::{DType, Descriptor, Device, Layout, Packing};
 use tensorbridge_cuda::{Error, MemoryType};
 
 use crate::{RawAlloc, context, serial};
@@ -29,7 +29,7 @@ fn the_driver_knows_its_allocations_and_not_host_memory() -> Result<()> {
         DType::FLOAT32,
         Packing::Packed,
         Layout::row_major(&[(alloc.bytes / 4 + 64) as i64])?,
-        tensorbridge::Access::ReadWrite,
+        tensorbridge_core::Access::ReadWrite,
     )?;
     let r = tensorbridge_cuda::check_span(&desc);
     assert!(r.is_err(), "{r:?}");

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use cudarc::driver::CudaStream;
-use tensorbridge::{Owner, Ready};
+use tensorbridge_core::{Owner, Ready};
 use tensorbridge_cuda::ipc::{self, IpcHandle};
 use tensorbridge_testkit::DropCounter;
 
@@ -56,7 +56,7 @@ fn euid() -> u32 {
 
 /// A producer's tensor of `N` floats of [`pattern`] in a fresh allocation, owned by a counted
 /// owner that frees it.
-fn produce(a: &Arc<CudaStream>, counter: &DropCounter) -> Result<tensorbridge::Tensor> {
+fn produce(a: &Arc<CudaStream>, counter: &DropCounter) -> Result<tensorbridge_core::Tensor> {
     let alloc = RawAlloc::new(a.context(), N * 4)?;
     from_host(a, alloc.ptr, &pattern(N))?;
     let ptr = alloc.ptr;
@@ -86,7 +86,7 @@ fn lifetime_file(bytes: &[u8]) -> Option<std::path::PathBuf> {
     .find(|p| p.exists())
 }
 
-fn outcome(r: Result<tensorbridge::Tensor, tensorbridge_cuda::Error>) -> String {
+fn outcome(r: Result<tensorbridge_core::Tensor, tensorbridge_cuda::Error>) -> String {
     match r {
         Ok(t) => format!("opened {} elements", t.numel()),
         Err(e) => format!("{e}"),

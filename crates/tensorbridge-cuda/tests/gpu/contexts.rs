@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, ensure};
 use cudarc::driver::sys;
-use tensorbridge::{
+use tensorbridge_core::{
     Access, DType, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream, Tensor,
 };
 use tensorbridge_cuda::StreamLife;

@@ -4,7 +4,7 @@
 //! while the control (the same copy with no readiness to wait for) reads stale bytes.
 
 use anyhow::{Result, ensure};
-use tensorbridge::{Ready, Stream};
+use tensorbridge_core::{Ready, Stream};
 use tensorbridge_cuda::copy::{DeviceBuffer, on_device, to_host};
 
 use crate::{Affine, Kernels, affine, context, serial, tensor_over};

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
+use tensorbridge_core::{
+    Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor,
+};
 use tensorbridge_cuda::{Error, StreamLife};
 
 use crate::{serial, wait_until};
@@ -151,7 +153,7 @@ fn child(entry: &str) -> Result<()> {
         }
         "retire_on_raw" | "retire_all_on_raw" => {
             let drops = Arc::new(AtomicUsize::new(0));
-            let owner: tensorbridge::Owner = Arc::new(Counted(drops.clone()));
+            let owner: tensorbridge_core::Owner = Arc::new(Counted(drops.clone()));
             if entry == "retire_on_raw" {
                 // SAFETY: the legacy default stream is always live.
                 unsafe { tensorbridge_cuda::retire_on_raw(0, Stream::LegacyDefault, owner) };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
 use tensorbridge_cuda::{CaptureStatus, Error};
 use tensorbridge_testkit::DropCounter;
 
@@ -24,7 +24,11 @@ const SPIN_NS: u64 = 100_000_000;
 ///
 /// # Safety
 /// `ptr` holds N floats that outlive the tensor; `stream` is live while it does.
-unsafe fn tensor_on(ptr: u64, stream: &CudaStream, owner: tensorbridge::Owner) -> Result<Tensor> {
+unsafe fn tensor_on(
+    ptr: u64,
+    stream: &CudaStream,
+    owner: tensorbridge_core::Owner,
+) -> Result<Tensor> {
     let desc = Descriptor::new(
         ptr as usize,
         Device::cuda(0),
@@ -81,7 +85,7 @@ fn handoffs_inside_a_capture_become_graph_edges_and_replay_right() -> Result<()>
     );
     // SAFETY: the legacy default stream is always live.
     let legacy = unsafe {
-        tensorbridge_cuda::make_ready_on_raw(&signal, tensorbridge::Stream::LegacyDefault)
+        tensorbridge_cuda::make_ready_on_raw(&signal, tensorbridge_core::Stream::LegacyDefault)
     };
     assert!(
         legacy.is_err(),
@@ -208,8 +212,9 @@ fn the_legacy_stream_is_refused_and_queries_leave_a_capture_valid() -> Result<()
     // SAFETY: `x` outlives the tensor; `blocking` is held.
     let t = unsafe { tensor_on(xp, &blocking, Arc::new(())) }?;
     // SAFETY: the legacy default stream is always live.
-    let refused =
-        unsafe { tensorbridge_cuda::make_ready_on_raw(&t, tensorbridge::Stream::LegacyDefault) };
+    let refused = unsafe {
+        tensorbridge_cuda::make_ready_on_raw(&t, tensorbridge_core::Stream::LegacyDefault)
+    };
     assert!(
         matches!(refused, Err(Error::LegacyDuringCapture)),
         "{refused:?}"

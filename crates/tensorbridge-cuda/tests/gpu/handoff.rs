@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
+use tensorbridge_core::{
+    Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor,
+};
 
 use crate::{Affine, Kernels, affine, context, dptr, grid, serial, timing_event};
 

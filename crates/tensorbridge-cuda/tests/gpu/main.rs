@@ -23,7 +23,7 @@ mod scope;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
 #[allow(unused_imports)] // each test module takes what it needs through `super::`
 use tensorbridge_testkit::gpu::{
     Affine, KERNELS, Kernels, affine, assert_exact, context, grid, serial, timing_event, wait_until,
@@ -47,7 +47,7 @@ fn tensor_over(slice: CudaSlice<f32>, stream: &Arc<CudaStream>) -> anyhow::Resul
         Access::ReadWrite,
     )?;
     // The owner keeps the stream alive too, so the readiness below names a live stream.
-    let owner: tensorbridge::Owner = Arc::new((slice, stream.clone()));
+    let owner: tensorbridge_core::Owner = Arc::new((slice, stream.clone()));
     // SAFETY: the span is the slice's elements, device memory the owner keeps allocated.
     let t = unsafe { Tensor::from_descriptor(desc, owner) };
     // SAFETY:

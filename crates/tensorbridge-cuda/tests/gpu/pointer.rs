@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
-use tensorbridge::{Access, DType, Descriptor, Device, DeviceType, Layout, Packing};
+use tensorbridge_core::{Access, DType, Descriptor, Device, DeviceType, Layout, Packing};
 use tensorbridge_cuda::{Error, MemoryType};
 
 use crate::{affine, context, dptr, serial};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use tensorbridge::Stream;
+use tensorbridge_core::Stream;
 
 use crate::{Affine, Kernels, context, serial, wait_until};
 
@@ -31,9 +31,9 @@ impl Drop for Stamped {
     }
 }
 
-fn stamped() -> (tensorbridge::Owner, Arc<Mutex<Option<Instant>>>) {
+fn stamped() -> (tensorbridge_core::Owner, Arc<Mutex<Option<Instant>>>) {
     let at = Arc::new(Mutex::new(None));
-    let owner: tensorbridge::Owner = Arc::new(Stamped {
+    let owner: tensorbridge_core::Owner = Arc::new(Stamped {
         at: at.clone(),
         on_drop: None,
     });
@@ -192,7 +192,7 @@ fn owners_that_call_the_layer_back_while_dropping_do_not_deadlock() -> Result<()
     let inner = stamped();
     let inner_owner = Mutex::new(Some(inner.0));
     let outer_at = Arc::new(Mutex::new(None));
-    let owner: tensorbridge::Owner = Arc::new(Stamped {
+    let owner: tensorbridge_core::Owner = Arc::new(Stamped {
         at: outer_at.clone(),
         on_drop: Some(Box::new(move || {
             tensorbridge_cuda::reclaim();

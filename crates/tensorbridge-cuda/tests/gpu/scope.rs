@@ -39,7 +39,7 @@ impl External {
         Ok(External { raw, wrapper })
     }
 
-    fn name(&self) -> tensorbridge::Stream {
+    fn name(&self) -> tensorbridge_core::Stream {
         tensorbridge_cuda::stream_from_raw(self.raw)
     }
 

@@ -4,7 +4,7 @@
 //! makes it panic. On a machine without a driver, export and import say so.
 
 use proptest::prelude::*;
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Stream};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Packing, Stream};
 use tensorbridge_cuda::Error;
 use tensorbridge_cuda::ipc::{self, IpcHandle};
 
@@ -344,7 +344,7 @@ fn forged_fields_are_refused() {
             base_offset: 1026,
             ..spec()
         })),
-        Err(Error::Core(tensorbridge::Error::Misaligned { .. }))
+        Err(Error::Core(tensorbridge_core::Error::Misaligned { .. }))
     ));
     // A rank above 64.
     let deep = Spec {
@@ -375,7 +375,7 @@ fn without_a_driver_export_and_import_say_so() {
     if tensorbridge_cuda::driver_present() {
         return;
     }
-    let host = tensorbridge::Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    let host = tensorbridge_core::Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
     assert!(matches!(
         ipc::export(&host, 1),
         Err(Error::IpcNotDevice { device }) if device == Device::CPU
@@ -392,7 +392,7 @@ fn without_a_driver_export_and_import_say_so() {
     .unwrap();
     // SAFETY: the span is `host`'s four floats, kept alive by its owner; nothing reads or
     // writes them here (there is no driver to hand them to).
-    let cuda = unsafe { tensorbridge::Tensor::from_descriptor(desc, host.owner().clone()) };
+    let cuda = unsafe { tensorbridge_core::Tensor::from_descriptor(desc, host.owner().clone()) };
     assert!(matches!(ipc::export(&cuda, 1), Err(Error::NoDriver)));
     assert!(matches!(
         ipc::export(&cuda, 1 << 23),

@@ -1,12 +1,12 @@
 //! Error messages: lowercase, no trailing period, expected vs found.
 
 use cudarc::driver::sys::CUresult;
-use tensorbridge::{Device, DeviceType};
+use tensorbridge_core::{Device, DeviceType};
 use tensorbridge_cuda::{Error, MemoryType};
 
 #[test]
 fn messages_say_what_was_expected_and_found() {
-    let too_large = tensorbridge::Error::OrdinalTooLarge { ordinal: u32::MAX }.to_string();
+    let too_large = tensorbridge_core::Error::OrdinalTooLarge { ordinal: u32::MAX }.to_string();
     let cases: Vec<(Error, &str)> = vec![
         (
             Error::NoDriver,
@@ -78,7 +78,7 @@ fn messages_say_what_was_expected_and_found() {
             "bytes [0x7f0000000f00, 0x7f0000001100) start 256 bytes before the allocation [0x7f0000001000, 0x7f0000002000) on cuda_managed",
         ),
         (
-            Error::Core(tensorbridge::Error::OrdinalTooLarge { ordinal: u32::MAX }),
+            Error::Core(tensorbridge_core::Error::OrdinalTooLarge { ordinal: u32::MAX }),
             &too_large,
         ),
     ];

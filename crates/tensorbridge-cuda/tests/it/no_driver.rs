@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tensorbridge::{
+use tensorbridge_core::{
     Access, DType, Descriptor, Device, DeviceType, Layout, Packing, Ready, Stream, StreamHandle,
     Tensor,
 };

@@ -1,6 +1,6 @@
 //! `check_span_with`: the span checks against what the driver said, without a driver.
 
-use tensorbridge::{Access, DType, Descriptor, Device, DeviceType, Layout, Packing};
+use tensorbridge_core::{Access, DType, Descriptor, Device, DeviceType, Layout, Packing};
 use tensorbridge_cuda::{Error, MemoryType, PointerInfo, check_span_with};
 
 const BASE: usize = 0x7f00_0000_0000;

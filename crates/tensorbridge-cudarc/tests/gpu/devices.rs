@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use cudarc::driver::CudaContext;
-use tensorbridge::{Device, DeviceType, Ready, Stream};
+use tensorbridge_core::{Device, DeviceType, Ready, Stream};
 use tensorbridge_cudarc::{self as tbc, Error};
 
 use crate::{affine, context, dptr, serial};
@@ -54,7 +54,7 @@ fn tensors_carry_their_device_and_views_refuse_other_devices() -> Result<()> {
     }
     // Host memory never becomes a kernel argument.
     let (_, s0) = &tensors[0];
-    let host = tensorbridge::Tensor::from_vec(vec![1.0f32; 4], &[4])?;
+    let host = tensorbridge_core::Tensor::from_vec(vec![1.0f32; 4], &[4])?;
     assert!(matches!(
         tbc::view::<f32>(&host, s0),
         Err(Error::Cuda(tensorbridge_cuda::Error::NotCudaMemory { device })) if device.kind == DeviceType::Cpu

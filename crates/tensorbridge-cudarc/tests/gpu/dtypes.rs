@@ -4,7 +4,7 @@
 use anyhow::Result;
 use cudarc::driver::{CudaContext, DeviceRepr, PushKernelArg};
 use std::sync::Arc;
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 use tensorbridge_cudarc::{self as tbc, CudaElement, Error};
 
 use crate::{Kernels, context, dptr, grid, serial};
@@ -60,7 +60,7 @@ fn roundtrip<T: CudaElement + DeviceRepr>(
         tbc::view::<u8>(&t, &consumer).map(drop)
     };
     assert!(
-        matches!(wrong, Err(Error::Core(tensorbridge::Error::DTypeMismatch { found, .. })) if found == T::DTYPE),
+        matches!(wrong, Err(Error::Core(tensorbridge_core::Error::DTypeMismatch { found, .. })) if found == T::DTYPE),
         "{}: {wrong:?}",
         T::DTYPE
     );

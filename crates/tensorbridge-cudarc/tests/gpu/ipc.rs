@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use cudarc::driver::{CudaContext, CudaStream, sys};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Owner, Packing, Ready, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Owner, Packing, Ready, Tensor};
 use tensorbridge_cuda::Error;
 use tensorbridge_cuda::ipc::{self, IpcHandle, Report};
 use tensorbridge_testkit::DropCounter;

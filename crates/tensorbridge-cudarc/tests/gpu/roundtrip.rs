@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Tensor};
 use tensorbridge_cudarc::{self as tbc, Error};
 use tensorbridge_testkit::DropCounter;
 
@@ -97,7 +97,7 @@ fn writes_through_a_mutable_view_reach_the_slice() -> Result<()> {
     tbc::lend(&slice, |shared| -> Result<()> {
         assert!(matches!(
             shared.view_mut(&consumer),
-            Err(Error::Core(tensorbridge::Error::ReadOnly))
+            Err(Error::Core(tensorbridge_core::Error::ReadOnly))
         ));
         Ok(())
     })?;
@@ -205,7 +205,7 @@ fn foreign_tensors_drive_launches_and_outlive_their_kernels() -> Result<()> {
     let refused = unsafe { tbc::view_mut::<f32>(&t, &consumer) };
     assert!(matches!(
         refused,
-        Err(Error::Core(tensorbridge::Error::ReadOnly))
+        Err(Error::Core(tensorbridge_core::Error::ReadOnly))
     ));
     drop(refused);
     {

@@ -1,6 +1,6 @@
 //! Every cudarc element type maps to the core dtype of the same name and size.
 
-use tensorbridge::DType;
+use tensorbridge_core::DType;
 use tensorbridge_cudarc::CudaElement;
 
 fn check<T: CudaElement>(name: &str) {

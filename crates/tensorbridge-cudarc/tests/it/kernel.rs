@@ -53,7 +53,7 @@ fn kernel_layout_rank_limit() {
     // not) or cut short.
     assert!(matches!(
         KernelLayout::new(&[3, 4], &[1]),
-        Err(Error::Core(tensorbridge::Error::RankMismatch {
+        Err(Error::Core(tensorbridge_core::Error::RankMismatch {
             shape: 2,
             strides: 1
         }))

@@ -1,6 +1,6 @@
 //! A caller's shape and strides against a slice's length: `check_fits`, pure arithmetic.
 
-use tensorbridge::Layout;
+use tensorbridge_core::Layout;
 use tensorbridge_cudarc::{Error, check_fits};
 
 fn layout(shape: &[i64], strides: &[i64], byte_offset: u64) -> Layout {

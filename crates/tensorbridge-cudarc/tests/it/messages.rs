@@ -1,7 +1,7 @@
 //! Error messages: lowercase, no trailing period, expected vs found; the CUDA layer's pass
 //! through unchanged.
 
-use tensorbridge::{DType, Device};
+use tensorbridge_core::{DType, Device};
 use tensorbridge_cudarc::Error;
 
 #[test]
@@ -17,7 +17,7 @@ fn messages_say_what_was_expected_and_found() {
             "the layout reaches bytes [-8, 32) from the start of the slice (expected within [0, 24), the slice's 6 elements)",
         ),
         (
-            Error::Core(tensorbridge::Error::DTypeMismatch {
+            Error::Core(tensorbridge_core::Error::DTypeMismatch {
                 expected: DType::FLOAT32,
                 found: DType::INT32,
             }),

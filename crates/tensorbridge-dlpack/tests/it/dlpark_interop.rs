@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 
 use dlpark::metadata::{Dynamic, Fixed};
 use dlpark::{Managed, tensor};
-use tensorbridge::{Access, DType, Tensor};
+use tensorbridge_core::{Access, DType, Tensor};
 use tensorbridge_dlpack::ffi::{
     DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DlpackFlags,
 };
@@ -70,9 +70,9 @@ fn dlpark_consumes_our_legacy_export_with_folded_offset() {
     let counter = DropCounter::new();
     let base = counted_host(&[6], &counter);
     // Elements 2..5 through a byte offset: exported with the offset folded into `data`.
-    let raw = tensorbridge::RawTensor {
+    let raw = tensorbridge_core::RawTensor {
         byte_offset: 8,
-        ..tensorbridge::RawTensor::host(base.data(), DType::FLOAT32, &[3])
+        ..tensorbridge_core::RawTensor::host(base.data(), DType::FLOAT32, &[3])
     };
     // SAFETY: inside `base`'s buffer, kept alive by its owner.
     let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone()) };

@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tensorbridge::{Access, DType, Tensor};
+use tensorbridge_core::{Access, DType, Tensor};
 use tensorbridge_dlpack::ffi::{
     DLDeviceType, DLManagedTensorVersioned, DLPackVersion, DLTensor, DlpackFlags,
 };
@@ -26,7 +26,7 @@ use tensorbridge_testkit::DropCounter;
 /// inside real memory), whose owner is counted.
 fn counted_2x3(counter: &DropCounter) -> Tensor {
     let buffer = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[12]).unwrap();
-    let raw = tensorbridge::RawTensor::host(buffer.data_ptr(), DType::FLOAT32, &[2, 3]);
+    let raw = tensorbridge_core::RawTensor::host(buffer.data_ptr(), DType::FLOAT32, &[2, 3]);
     // SAFETY: the first 6 floats of `buffer`, which the counted owner keeps alive.
     unsafe { Tensor::from_descriptor(raw.validate().unwrap(), counter.owner_with(buffer)) }
 }

@@ -3,7 +3,7 @@
 use std::slice;
 use std::sync::Arc;
 
-use tensorbridge::{Access, DType, Device, DeviceType, Packing, RawTensor, Tensor};
+use tensorbridge_core::{Access, DType, Device, DeviceType, Packing, RawTensor, Tensor};
 use tensorbridge_dlpack::ffi::{
     DLDataTypeCode, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
     DLTensor, DlpackFlags,
@@ -193,7 +193,7 @@ fn legacy_export_refuses_read_only_unless_told_to_discard() {
 fn ordinals_dlpack_cannot_carry_are_refused() {
     let t = producer::host_f32(&[1]);
     let far = Device::new(DeviceType::Cuda, u32::MAX);
-    let desc = tensorbridge::Descriptor::new(
+    let desc = tensorbridge_core::Descriptor::new(
         t.data(),
         far,
         t.dtype(),
@@ -206,7 +206,7 @@ fn ordinals_dlpack_cannot_carry_are_refused() {
     let far = unsafe { Tensor::from_descriptor(desc, Arc::clone(t.owner())) };
     assert_eq!(
         export_versioned(&far).err(),
-        Some(Error::Core(tensorbridge::Error::OrdinalTooLarge {
+        Some(Error::Core(tensorbridge_core::Error::OrdinalTooLarge {
             ordinal: u32::MAX
         }))
     );

@@ -3,7 +3,7 @@
 use std::ptr;
 
 use proptest::prelude::*;
-use tensorbridge::{Access, DType, DTypeCode, Device, DeviceType, Packing};
+use tensorbridge_core::{Access, DType, DTypeCode, Device, DeviceType, Packing};
 use tensorbridge_dlpack::ffi::{
     DLDataType, DLDataTypeCode, DLDeviceType, DLPackVersion, DlpackFlags,
 };
@@ -201,7 +201,7 @@ fn null_data_with_elements_is_refused_by_the_core() {
     spec.data = ptr::null_mut();
     assert_eq!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::NullData { numel: 2 })
+        Error::Core(tensorbridge_core::Error::NullData { numel: 2 })
     );
 }
 
@@ -212,7 +212,7 @@ fn misaligned_data_is_refused_by_the_core() {
     spec.byte_offset = 2;
     assert_eq!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::Misaligned {
+        Error::Core(tensorbridge_core::Error::Misaligned {
             addr: (1 << 20) + 2,
             align: 4
         })
@@ -240,13 +240,13 @@ fn every_device_type_of_the_core_model_imports() {
     spec.device.device_type = DLDeviceType(u32::MAX);
     assert_eq!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::UnknownDeviceType { code: -1 })
+        Error::Core(tensorbridge_core::Error::UnknownDeviceType { code: -1 })
     );
     spec.device.device_type = DLDeviceType::CUDA;
     spec.device.device_id = -1;
     assert_eq!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::NegativeDeviceId { id: -1 })
+        Error::Core(tensorbridge_core::Error::NegativeDeviceId { id: -1 })
     );
 }
 
@@ -275,7 +275,7 @@ fn every_dtype_code_of_the_core_model_imports() {
     };
     assert_eq!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::UnknownDTypeCode { code: 18 })
+        Error::Core(tensorbridge_core::Error::UnknownDTypeCode { code: 18 })
     );
     spec.dtype = DLDataType {
         code: DLDataTypeCode::FLOAT4_E2M1FN,
@@ -284,7 +284,7 @@ fn every_dtype_code_of_the_core_model_imports() {
     };
     assert!(matches!(
         import(&spec, &counter).unwrap_err(),
-        Error::Core(tensorbridge::Error::InvalidBits { bits: 8, .. })
+        Error::Core(tensorbridge_core::Error::InvalidBits { bits: 8, .. })
     ));
 }
 
@@ -354,10 +354,10 @@ fn messages_say_expected_and_found() {
         Error::NegativeRank { ndim: -1 }.to_string(),
         "ndim is -1 (expected ndim >= 0)"
     );
-    let core = Error::from(tensorbridge::Error::NullData { numel: 3 });
+    let core = Error::from(tensorbridge_core::Error::NullData { numel: 3 });
     assert_eq!(
         core.to_string(),
-        tensorbridge::Error::NullData { numel: 3 }.to_string()
+        tensorbridge_core::Error::NullData { numel: 3 }.to_string()
     );
 }
 

@@ -6,7 +6,7 @@
 
 use std::ptr::NonNull;
 
-use tensorbridge::{DType, RawTensor, Tensor};
+use tensorbridge_core::{DType, RawTensor, Tensor};
 use tensorbridge_dlpack::{export_versioned, import_legacy, import_versioned, lent_readonly};
 use tensorbridge_testkit::DropCounter;
 
@@ -41,7 +41,7 @@ fn a_flag_dropped_on_the_way_back_does_not_widen_access() {
     spec.flags = 0;
     let m = producer::legacy(&spec, (), &counter);
     // SAFETY: as in `foreign_import`.
-    let legacy = unsafe { import_legacy(m, tensorbridge::Access::ReadWrite) }.unwrap();
+    let legacy = unsafe { import_legacy(m, tensorbridge_core::Access::ReadWrite) }.unwrap();
     assert!(legacy.into_tensor().is_readonly());
     // Other memory is not narrowed.
     let other = Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();

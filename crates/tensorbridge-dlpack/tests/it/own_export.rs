@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use tensorbridge::{Access, DType, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_core::{Access, DType, Device, DeviceType, RawTensor, Ready, Stream, Tensor};
 use tensorbridge_dlpack::ffi::DLPackVersion;
 use tensorbridge_dlpack::{
     ReadOnlyPolicy, export_legacy, export_versioned, import_legacy, import_versioned,

@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 use std::thread;
 
-use tensorbridge::Access;
+use tensorbridge_core::Access;
 use tensorbridge_dlpack::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLPackVersion};
 use tensorbridge_dlpack::{
     Error, ImportError, ReadOnlyPolicy, export_legacy, export_versioned, import_legacy,
@@ -63,14 +63,14 @@ fn refusals() -> Vec<(&'static str, Spec, Error)> {
     v.push((
         "unknown dtype",
         s,
-        tensorbridge::Error::UnknownDTypeCode { code: 99 }.into(),
+        tensorbridge_core::Error::UnknownDTypeCode { code: 99 }.into(),
     ));
     let mut s = ok.clone();
     s.device.device_type = DLDeviceType(5);
     v.push((
         "bad device",
         s,
-        tensorbridge::Error::UnknownDeviceType { code: 5 }.into(),
+        tensorbridge_core::Error::UnknownDeviceType { code: 5 }.into(),
     ));
     let mut s = ok.clone();
     s.ndim = -1;
@@ -80,7 +80,7 @@ fn refusals() -> Vec<(&'static str, Spec, Error)> {
     v.push((
         "misaligned",
         s,
-        tensorbridge::Error::Misaligned {
+        tensorbridge_core::Error::Misaligned {
             addr: (1 << 20) + 1,
             align: 4,
         }
@@ -91,7 +91,7 @@ fn refusals() -> Vec<(&'static str, Spec, Error)> {
     v.push((
         "null data with elements",
         s,
-        tensorbridge::Error::NullData { numel: 6 }.into(),
+        tensorbridge_core::Error::NullData { numel: 6 }.into(),
     ));
     let mut s = ok.clone();
     s.shape = None;
@@ -115,7 +115,7 @@ fn refusals() -> Vec<(&'static str, Spec, Error)> {
     v.push((
         "negative extent",
         s,
-        tensorbridge::Error::NegativeSize { dim: 1, size: -3 }.into(),
+        tensorbridge_core::Error::NegativeSize { dim: 1, size: -3 }.into(),
     ));
     v
 }
@@ -196,7 +196,7 @@ fn a_refused_import_can_be_retried_once_fixed() {
     let err = unsafe { import_versioned(p) }.unwrap_err();
     assert!(matches!(
         err.error(),
-        Error::Core(tensorbridge::Error::Misaligned { .. })
+        Error::Core(tensorbridge_core::Error::Misaligned { .. })
     ));
     let back = err.into_inner().expect("given back");
     // SAFETY: ours again (given back), not shared with anyone.
@@ -252,7 +252,7 @@ fn an_export_releases_its_clone_once() {
         // Count the owner of the data through a tensor that shares it.
         let owner = counter.owner_with(t.clone());
         // SAFETY: the same memory as `t`, kept alive by `owner` (which holds `t`).
-        unsafe { tensorbridge::Tensor::from_descriptor(t.descriptor().clone(), owner) }
+        unsafe { tensorbridge_core::Tensor::from_descriptor(t.descriptor().clone(), owner) }
     };
     // Dropped without being handed on.
     drop(export_versioned(&t).unwrap());
@@ -282,7 +282,10 @@ fn a_consumer_may_call_our_deleter_from_another_thread() {
     let t = producer::host_f32(&[2]);
     // SAFETY: `t`'s memory, kept alive by the counted owner, which holds a clone of `t`.
     let t = unsafe {
-        tensorbridge::Tensor::from_descriptor(t.descriptor().clone(), counter.owner_with(t.clone()))
+        tensorbridge_core::Tensor::from_descriptor(
+            t.descriptor().clone(),
+            counter.owner_with(t.clone()),
+        )
     };
     let raw = SendPtr(export_versioned(&t).unwrap().into_raw());
     drop(t);

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::ptr::{self, NonNull};
 
 use dlpark::ManagedTensorBase;
-use tensorbridge::{Owner, Tensor};
+use tensorbridge_core::{Owner, Tensor};
 use tensorbridge_dlpack::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
     DLPackVersion, DLTensor, DlpackFlags,

@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 
 use proptest::prelude::*;
-use tensorbridge::{Access, Packing, Tensor};
+use tensorbridge_core::{Access, Packing, Tensor};
 use tensorbridge_dlpack::{
     ReadOnlyPolicy, export_legacy, export_versioned, import_legacy, import_versioned,
 };

@@ -1,7 +1,7 @@
 //! Every refusal: its variant and its message.
 
 use ndarray::{Ix2, IxDyn};
-use tensorbridge::{Device, RawTensor, Ready, Stream, Tensor};
+use tensorbridge_core::{Device, RawTensor, Ready, Stream, Tensor};
 use tensorbridge_ndarray::Error;
 use tensorbridge_testkit::{DropCounter, HostBuffer};
 
@@ -28,7 +28,7 @@ fn wrong_dtype() {
     let e = tensorbridge_ndarray::view::<i32, IxDyn>(&t).unwrap_err();
     assert!(matches!(
         e,
-        Error::Core(tensorbridge::Error::DTypeMismatch { .. })
+        Error::Core(tensorbridge_core::Error::DTypeMismatch { .. })
     ));
     assert_eq!(
         e.to_string(),
@@ -42,7 +42,7 @@ fn device_memory() {
     let desc = RawTensor::new(
         0x1000,
         Device::cuda(0),
-        tensorbridge::DType::FLOAT32,
+        tensorbridge_core::DType::FLOAT32,
         &shape,
     )
     .validate()
@@ -53,7 +53,7 @@ fn device_memory() {
     assert!(
         matches!(
             e,
-            Error::Core(tensorbridge::Error::NotHostAccessible { .. })
+            Error::Core(tensorbridge_core::Error::NotHostAccessible { .. })
         ),
         "{e}"
     );
@@ -65,7 +65,7 @@ fn pending_work() {
     // SAFETY: never used on a device; the view is refused because the data is not ready.
     let t = unsafe { t.with_ready(Ready::Stream(Stream::LegacyDefault)) };
     let e = tensorbridge_ndarray::view::<f32, IxDyn>(&t).unwrap_err();
-    assert_eq!(e, Error::Core(tensorbridge::Error::NotReady));
+    assert_eq!(e, Error::Core(tensorbridge_core::Error::NotReady));
 }
 
 #[test]
@@ -74,14 +74,14 @@ fn writable_views_of_read_only_or_broadcast_tensors() {
     let t = HostBuffer::new(&[2], &[1], |i| i as f32).into_tensor(&counter);
     // SAFETY: refused before any view exists.
     let e = unsafe { tensorbridge_ndarray::view_mut::<f32, IxDyn>(&t) }.unwrap_err();
-    assert_eq!(e, Error::Core(tensorbridge::Error::ReadOnly));
+    assert_eq!(e, Error::Core(tensorbridge_core::Error::ReadOnly));
 
     let one = Tensor::from_vec(vec![7i16], &[1]).unwrap();
     let shape = [3i64, 2];
     let strides = [0i64, 0];
     let raw = RawTensor {
         strides: Some(&strides),
-        ..RawTensor::host(one.data_ptr(), tensorbridge::DType::INT16, &shape)
+        ..RawTensor::host(one.data_ptr(), tensorbridge_core::DType::INT16, &shape)
     };
     // SAFETY: every element is `one`'s single element, which `one`'s owner keeps alive.
     let b = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), one.owner().clone()) };
@@ -92,7 +92,7 @@ fn writable_views_of_read_only_or_broadcast_tensors() {
     // SAFETY: refused before any view exists.
     let e = unsafe { tensorbridge_ndarray::view_mut::<i16, Ix2>(&b) }.unwrap_err();
     assert!(
-        matches!(e, Error::Core(tensorbridge::Error::SelfOverlap { .. })),
+        matches!(e, Error::Core(tensorbridge_core::Error::SelfOverlap { .. })),
         "{e}"
     );
 }

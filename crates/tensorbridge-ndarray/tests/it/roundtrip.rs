@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ndarray::{ArcArray, Array, ArrayD, Axis, Ix2, IxDyn, Slice, array, s};
 use proptest::prelude::*;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 use tensorbridge_testkit::all_indices;
 
 /// Counts how often the block at `WATCHED` is freed: the test allocator below forwards to

@@ -3,7 +3,7 @@
 
 use ndarray::{ArrayViewD, Ix2, IxDyn};
 use proptest::prelude::*;
-use tensorbridge::{Access, Constraint, Layout, RawTensor, Tensor};
+use tensorbridge_core::{Access, Constraint, Layout, RawTensor, Tensor};
 use tensorbridge_testkit::{DropCounter, HostBuffer, all_indices, small_layout};
 
 fn ix(index: &[i64]) -> Vec<usize> {
@@ -28,7 +28,7 @@ fn writable(shape: &[i64], strides: &[i64], counter: &DropCounter) -> Tensor {
     let raw = RawTensor {
         strides: Some(strides),
         access: Access::ReadWrite,
-        ..RawTensor::host(data, tensorbridge::DType::INT64, shape)
+        ..RawTensor::host(data, tensorbridge_core::DType::INT64, shape)
     };
     let desc = raw.validate().unwrap();
     // SAFETY: the span is exactly the buffer, moved into the owner (a Vec's heap block does
@@ -76,7 +76,7 @@ proptest! {
         if overlapping {
             let refused = matches!(
                 r,
-                Err(tensorbridge_ndarray::Error::Core(tensorbridge::Error::SelfOverlap { .. }))
+                Err(tensorbridge_ndarray::Error::Core(tensorbridge_core::Error::SelfOverlap { .. }))
             );
             prop_assert!(refused, "{:?}", r.map(|_| ()));
             return Ok(());

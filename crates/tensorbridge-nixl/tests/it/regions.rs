@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use nixl_sys::{MemType, MemoryRegion, NixlDescriptor};
-use tensorbridge::{DType, Descriptor, Device, Owner, RawTensor, Tensor};
+use tensorbridge_core::{DType, Descriptor, Device, Owner, RawTensor, Tensor};
 use tensorbridge_nixl::{Error, NixlTensor, reg_regions, xfer_runs};
 
 /// A host tensor over `buf` with the given layout (element strides, byte offset), `buf` kept
@@ -133,8 +133,11 @@ fn refusals_are_typed() {
         })
     ));
     for (device, managed) in [
-        (Device::new(tensorbridge::DeviceType::CudaManaged, 0), true),
-        (Device::new(tensorbridge::DeviceType::Vulkan, 0), false),
+        (
+            Device::new(tensorbridge_core::DeviceType::CudaManaged, 0),
+            true,
+        ),
+        (Device::new(tensorbridge_core::DeviceType::Vulkan, 0), false),
     ] {
         let r = tensorbridge_nixl::memory_of(device);
         assert!(

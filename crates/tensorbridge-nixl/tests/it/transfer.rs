@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_sys::{MemType, OptArgs, XferDescList, XferOp};
-use tensorbridge::{DType, Owner, RawTensor, Tensor};
+use tensorbridge_core::{DType, Owner, RawTensor, Tensor};
 use tensorbridge_nixl::{NixlTensor, agent, nixl_available, register, xfer_desc_list};
 
 const ROWS: i64 = 16;

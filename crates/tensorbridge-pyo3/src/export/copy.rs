@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use tensorbridge::{Access, Descriptor, Device, DeviceType, Stream, StreamRequest, Tensor};
+use tensorbridge_core::{Access, Descriptor, Device, DeviceType, Stream, StreamRequest, Tensor};
 use tensorbridge_cuda::copy::DeviceBuffer;
 
 use crate::error::{Error, Result};
@@ -62,7 +62,7 @@ fn refuse_blowup(src: &Tensor, bytes: u64) -> Result<()> {
 /// A host buffer of `len` bytes, 8-byte aligned (enough for every dtype), as a tensor
 /// owner and its address. Fallible: an allocation the system refuses is
 /// [`Error::OutOfMemory`], never an abort.
-fn host_buffer(len: usize) -> Result<(tensorbridge::Owner, usize)> {
+fn host_buffer(len: usize) -> Result<(tensorbridge_core::Owner, usize)> {
     let oom = || Error::OutOfMemory {
         bytes: len as u64,
         device: Device::CPU,
@@ -136,7 +136,10 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
         });
     }
     let contiguous = src.layout().is_c_contiguous();
-    if !contiguous && src.dtype().is_subbyte() && src.packing() == tensorbridge::Packing::Packed {
+    if !contiguous
+        && src.dtype().is_subbyte()
+        && src.packing() == tensorbridge_core::Packing::Packed
+    {
         return Err(Error::CannotCopy {
             device: src.device(),
         });
@@ -195,7 +198,7 @@ pub(crate) fn to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
         Device::CPU,
         src.dtype(),
         src.packing(),
-        tensorbridge::Layout::row_major(src.shape())?,
+        tensorbridge_core::Layout::row_major(src.shape())?,
         Access::ReadWrite,
     )?;
     // SAFETY: `owner` keeps the host buffer (holding the compact elements, written above)
@@ -292,7 +295,7 @@ pub(crate) fn host_to_host(py: Python<'_>, src: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use tensorbridge::{DType, RawTensor};
+    use tensorbridge_core::{DType, RawTensor};
 
     use super::*;
 

@@ -32,7 +32,7 @@ use std::ptr::{self, NonNull};
 
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use tensorbridge::{DeviceType, Packing, Ready, Stream, Tensor};
+use tensorbridge_core::{DeviceType, Packing, Ready, Stream, Tensor};
 use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
 use tensorbridge_dlpack::ffi::{
     DLDeviceType, DLManagedTensorVersioned, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION,
@@ -302,7 +302,7 @@ unsafe extern "C" fn current_work_stream(
     _device_id: i32,
     out_current_stream: *mut *mut c_void,
 ) -> c_int {
-    tensorbridge::callback::foreign_entry("current_work_stream", -1, || {
+    tensorbridge_core::callback::foreign_entry("current_work_stream", -1, || {
         if out_current_stream.is_null() {
             return -1;
         }

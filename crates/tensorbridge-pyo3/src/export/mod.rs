@@ -9,7 +9,7 @@ pub(crate) mod interfaces;
 pub(crate) mod pydtype;
 pub(crate) mod view;
 
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 use crate::error::{Error, Result};
 

@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use tensorbridge::{DType, DTypeCode, Packing};
+use tensorbridge_core::{DType, DTypeCode, Packing};
 
 /// A dtype object and what it stands for.
 type Entry = ((DType, Packing), Py<PyAny>);

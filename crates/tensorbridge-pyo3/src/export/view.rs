@@ -7,10 +7,10 @@ use pyo3::exceptions::PyAttributeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
-use tensorbridge::{
+use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
+use tensorbridge_core::{
     DeviceType, Ready, Stream, StreamConvention, StreamRequest, Tensor, stream_from_wire,
 };
-use tensorbridge_cai::{ArrayInterface, CudaArrayInterface};
 use tensorbridge_dlpack::ffi::DlpackFlags;
 use tensorbridge_dlpack::{ReadOnlyPolicy, export_legacy, export_versioned};
 
@@ -109,7 +109,7 @@ impl View {
             return Err(Error::StreamOnHost {
                 value,
                 device: if to_host {
-                    tensorbridge::Device::CPU
+                    tensorbridge_core::Device::CPU
                 } else {
                     device
                 },

@@ -1,13 +1,13 @@
 //! The functions foreign code calls into this crate (the exchange table's entries, capsule
 //! destructors) go through these two shims, which apply the workspace's one policy
-//! (`tensorbridge::callback`): a panic is caught, reported, and never unwinds across the C
+//! (`tensorbridge_core::callback`): a panic is caught, reported, and never unwinds across the C
 //! boundary or aborts the process.
 
 use std::ffi::c_int;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use tensorbridge::callback::foreign_entry;
+use tensorbridge_core::callback::foreign_entry;
 
 use crate::error::Result;
 

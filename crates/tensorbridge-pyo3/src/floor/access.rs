@@ -18,7 +18,7 @@
 //! | [`Provenance::Flagless`] | yes, as the producer hands it | `READ_ONLY` | `readonly` | `readonly` |
 //! | [`Provenance::Refused`] | refused (`RequiresGrad`, `NoFlags`) | `__dlpack__`: refused (`RequiresGrad`); the exchange table: `READ_ONLY` | refused (`RequiresGradInterface`) | `readonly` |
 
-use tensorbridge::{Access, Descriptor};
+use tensorbridge_core::{Access, Descriptor};
 
 /// Why a view is read-only, where that changes what it may hand out. Writable views are
 /// handed out every way, whatever this says.
@@ -97,11 +97,11 @@ pub(crate) fn flagless_allowed(desc: &Descriptor, provenance: Provenance) -> boo
 
 #[cfg(test)]
 mod tests {
-    use tensorbridge::{Access, DType, RawTensor, Tensor};
+    use tensorbridge_core::{Access, DType, RawTensor, Tensor};
 
     use super::{Provenance, flagless, flagless_allowed, flagless_producer, torch};
 
-    fn host(access: Access) -> (Tensor, tensorbridge::Descriptor) {
+    fn host(access: Access) -> (Tensor, tensorbridge_core::Descriptor) {
         let t = Tensor::from_vec(vec![0.0f32; 4], &[4]).unwrap();
         let desc = RawTensor {
             access,

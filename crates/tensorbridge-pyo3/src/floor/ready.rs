@@ -3,7 +3,7 @@
 //! Both wings use these: the import orders a consumer's stream, the export settles what it
 //! hands out.
 
-use tensorbridge::{
+use tensorbridge_core::{
     Descriptor, DeviceType, Ready, Stream, StreamConvention, StreamRequest, Tensor,
     stream_from_wire,
 };
@@ -53,7 +53,7 @@ impl Consumer {
     pub(crate) fn wire(self) -> Result<Option<i64>> {
         match self.0 {
             None => Ok(None),
-            Some(request) => Ok(tensorbridge::stream_to_wire(
+            Some(request) => Ok(tensorbridge_core::stream_to_wire(
                 StreamConvention::DlpackCuda,
                 request,
             )?),

@@ -21,7 +21,7 @@
 //! read here: it is what a consumer sends under the DLPack protocol (an int, `0` refused).
 
 use pyo3::prelude::*;
-use tensorbridge::{Stream, StreamConvention, StreamRequest, stream_from_wire};
+use tensorbridge_core::{Stream, StreamConvention, StreamRequest, stream_from_wire};
 use tensorbridge_cuda::StreamLife;
 
 use crate::convert::type_name;

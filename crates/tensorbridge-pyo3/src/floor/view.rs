@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 
 use crate::floor::access::Provenance;
 

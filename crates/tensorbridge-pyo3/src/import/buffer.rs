@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use tensorbridge::{Access, Layout, RawTensor, Ready};
+use tensorbridge_core::{Access, Layout, RawTensor, Ready};
 
 use crate::convert::dtype_from_format;
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
-use tensorbridge::{
+use tensorbridge_core::{
     Access, Ready, Stream, StreamConvention, StreamRequest, stream_from_wire, stream_to_wire,
 };
 use tensorbridge_dlpack::{import_legacy, import_versioned};

@@ -18,7 +18,7 @@ use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyType};
-use tensorbridge::Stream;
+use tensorbridge_core::Stream;
 use tensorbridge_dlpack::dlpark::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader};
 use tensorbridge_dlpack::ffi::{DLDeviceType, DLManagedTensorVersioned, DLTensor};
 

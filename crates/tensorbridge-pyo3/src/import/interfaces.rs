@@ -4,11 +4,11 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
-use tensorbridge::{DType, Device};
 use tensorbridge_cai::{
     ArrayData, ArrayInterface, BufferRegion, CudaArrayInterface, DataPointer, DescrField,
     DescrFormat, ImportOptions, TypeKind, TypeStr,
 };
+use tensorbridge_core::{DType, Device};
 
 use crate::convert::{dtype_from_py, type_name};
 use crate::error::{Error, Result};
@@ -279,7 +279,7 @@ fn one_byte_float(
         .getattr("dtype")
         .ok()
         .and_then(|d| dtype_from_py(&d).ok())
-        .is_some_and(|(d, _)| d.itemsize() == 1 && d.code() != tensorbridge::DTypeCode::Float);
+        .is_some_and(|(d, _)| d.itemsize() == 1 && d.code() != tensorbridge_core::DTypeCode::Float);
     if named {
         *typestr = TypeStr::new(
             tensorbridge_cai::ByteOrder::NotApplicable,
@@ -303,7 +303,7 @@ fn void_options(obj: &Bound<'_, PyAny>, typestr: TypeStr) -> ImportOptions {
         .ok()
         .and_then(|d| dtype_from_py(&d).ok())
         .map(|(d, _)| d)
-        .filter(|d| d.storage_bits(tensorbridge::Packing::Padded) / 8 == size);
+        .filter(|d| d.storage_bits(tensorbridge_core::Packing::Padded) / 8 == size);
     match (named, size) {
         (Some(d), _) => ImportOptions::new().void_as(d),
         (None, 2) => ImportOptions::new().void_as(DType::BFLOAT16),
@@ -388,7 +388,7 @@ pub(crate) fn from_array_interface(
     Ok(Imported {
         desc,
         // The array interface has no stream: nothing is pending.
-        ready: tensorbridge::Ready::Now,
+        ready: tensorbridge_core::Ready::Now,
         pin: match held {
             Some(held) => Pin::Owner(held),
             None => Pin::Caller,

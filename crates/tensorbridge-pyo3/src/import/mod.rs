@@ -52,7 +52,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use tensorbridge::{Descriptor, Owner, Ready, Stream, Tensor};
+use tensorbridge_core::{Descriptor, Owner, Ready, Stream, Tensor};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
@@ -271,7 +271,7 @@ fn protocols(
     {
         // A capsule carries no stream: its producer ordered whatever it had to when it made
         // it. Its producer is unknown: a legacy capsule is read-only (\[access\]).
-        return dlpack::from_capsule(capsule, tensorbridge::Access::ReadOnly);
+        return dlpack::from_capsule(capsule, tensorbridge_core::Access::ReadOnly);
     }
     if let Some(cai) = attribute(obj, pyo3::intern!(py, "__cuda_array_interface__"))? {
         return interfaces::from_cai(obj, &cai, consumer);

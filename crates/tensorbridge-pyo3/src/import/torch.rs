@@ -60,7 +60,7 @@
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use tensorbridge::{Access, DTypeCode, Descriptor, Ready, Stream};
+use tensorbridge_core::{Access, DTypeCode, Descriptor, Ready, Stream};
 
 use crate::convert::type_name;
 use crate::error::{Error, Result};
@@ -238,7 +238,7 @@ pub(crate) fn import(
         };
         if matches!(
             imported.desc.device().kind,
-            tensorbridge::DeviceType::Cuda | tensorbridge::DeviceType::CudaManaged
+            tensorbridge_core::DeviceType::Cuda | tensorbridge_core::DeviceType::CudaManaged
         ) {
             let (device_type, device_id) = imported.desc.device().to_dlpack()?;
             let stream = api.current_work_stream(obj, device_type, device_id)?;

@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 use tensorbridge_testkit::DropCounter;
 
 use crate::{eval, with_py};
@@ -115,14 +115,14 @@ fn copies_are_compact_independent_and_flagged() {
         // A transposed view: the host copy comes back compact, in C order.
         let t = counted(&counter);
         let strides = [1i64, 3];
-        let layout = tensorbridge::Layout::new(&[3, 2], Some(&strides), 0).unwrap();
-        let desc = tensorbridge::Descriptor::new(
+        let layout = tensorbridge_core::Layout::new(&[3, 2], Some(&strides), 0).unwrap();
+        let desc = tensorbridge_core::Descriptor::new(
             t.data_ptr(),
             t.device(),
             t.dtype(),
             t.packing(),
             layout,
-            tensorbridge::Access::ReadWrite,
+            tensorbridge_core::Access::ReadWrite,
         )
         .unwrap();
         // SAFETY: the same memory and owner as `t`, a layout inside its span.

@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use tensorbridge::{DType, Device};
+use tensorbridge_core::{DType, Device};
 
 use crate::{eval, with_py};
 

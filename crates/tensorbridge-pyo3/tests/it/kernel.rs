@@ -51,7 +51,7 @@ fn kernel_calls_refuse_host_memory() {
 #[test]
 fn errors_convert_with_question_mark() {
     fn core_layer() -> tensorbridge_pyo3::Result<()> {
-        let core: Result<(), tensorbridge::Error> = Err(tensorbridge::Error::ReadOnly);
+        let core: Result<(), tensorbridge_core::Error> = Err(tensorbridge_core::Error::ReadOnly);
         core?;
         Ok(())
     }
@@ -78,7 +78,7 @@ fn errors_convert_with_question_mark() {
             tensorbridge_pyo3::Error::from(tensorbridge_cudarc::Error::NoNvrtc).into();
         assert!(nvrtc.is_instance_of::<PyRuntimeError>(py), "{nvrtc}");
         let alias: pyo3::PyErr = tensorbridge_pyo3::Error::from(tensorbridge_cudarc::Error::Core(
-            tensorbridge::Error::SelfOverlap {
+            tensorbridge_core::Error::SelfOverlap {
                 dim: 0,
                 size: 2,
                 stride: 0,

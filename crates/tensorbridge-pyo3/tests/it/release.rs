@@ -7,7 +7,7 @@
 use pyo3::ffi;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
-use tensorbridge::Tensor;
+use tensorbridge_core::Tensor;
 use tensorbridge_testkit::DropCounter;
 
 use crate::{eval, with_py};

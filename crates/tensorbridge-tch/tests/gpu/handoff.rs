@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use tch::{Device as TchDevice, Kind};
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor};
+use tensorbridge_core::{
+    Access, DType, Descriptor, Device, Layout, Packing, Ready, Stream, Tensor,
+};
 use tensorbridge_cudarc as tbc;
 
 use crate::{Affine, Kernels, affine, context, import, serial, timing_event, torch_values, wrong};

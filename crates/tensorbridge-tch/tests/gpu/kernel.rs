@@ -31,8 +31,8 @@ extern "C" __global__ void axpy(float alpha, const float* x, tb_layout lx,
 fn axpy(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     alpha: f32,
-    x: &tensorbridge::Tensor,
-    y: &tensorbridge::Tensor,
+    x: &tensorbridge_core::Tensor,
+    y: &tensorbridge_core::Tensor,
 ) -> Result<(), tensorbridge_cudarc::Error> {
     let args = KernelArgs::new(stream);
     let xv = args.input::<f32>(x)?;
@@ -116,9 +116,9 @@ fn control_the_same_kernel_unordered_reads_stale_values() -> Result<()> {
         .launch(&k, &ctx.default_stream())?;
     // SAFETY: `Ready::Now` is a lie on purpose (the control); the memory stays alive until
     // the synchronisations below.
-    let x_now = unsafe { xt.clone().with_ready(tensorbridge::Ready::Now) };
+    let x_now = unsafe { xt.clone().with_ready(tensorbridge_core::Ready::Now) };
     // SAFETY: as above (y's readiness names the busy stream too).
-    let y_now = unsafe { yt.clone().with_ready(tensorbridge::Ready::Now) };
+    let y_now = unsafe { yt.clone().with_ready(tensorbridge_core::Ready::Now) };
     axpy(&own, 2.0, &x_now, &y_now)?;
     own.synchronize()?;
     let got = torch_values(&y);
@@ -148,7 +148,7 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
     ensure!(
         matches!(
             err,
-            tensorbridge_cudarc::Error::Core(tensorbridge::Error::Aliased { .. })
+            tensorbridge_cudarc::Error::Core(tensorbridge_core::Error::Aliased { .. })
         ),
         "{err:?}"
     );
@@ -157,7 +157,7 @@ fn aliasing_outputs_and_transposed_inputs() -> Result<()> {
     ensure!(
         matches!(
             err,
-            tensorbridge_cudarc::Error::Core(tensorbridge::Error::SelfOverlap { .. })
+            tensorbridge_cudarc::Error::Core(tensorbridge_core::Error::SelfOverlap { .. })
         ),
         "{err:?}"
     );

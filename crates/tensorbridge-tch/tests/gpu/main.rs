@@ -29,7 +29,7 @@ use tensorbridge_testkit::gpu::{Affine, Kernels, affine, grid, serial, timing_ev
 /// The crate's `tensorbridge_tch::import`, for tests that never resize the storage of a tensor
 /// they import while the import lives (its safety obligation). The tests about resizing (`pinning`) call
 /// the crate's function themselves.
-fn import(t: &tch::Tensor) -> Result<tensorbridge::Tensor, tensorbridge_tch::Error> {
+fn import(t: &tch::Tensor) -> Result<tensorbridge_core::Tensor, tensorbridge_tch::Error> {
     // SAFETY: no test that calls this resizes the imported storage (see above).
     unsafe { tensorbridge_tch::import(t) }
 }

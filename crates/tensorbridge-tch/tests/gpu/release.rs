@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
-use tensorbridge::{Access, DType, Descriptor, Device, Layout, Packing, Tensor};
+use tensorbridge_core::{Access, DType, Descriptor, Device, Layout, Packing, Tensor};
 
 use tensorbridge_testkit::DropCounter;
 

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use tch::{Device as TchDevice, Kind};
-use tensorbridge::{Device, Layout, Ready, Stream};
+use tensorbridge_core::{Device, Layout, Ready, Stream};
 use tensorbridge_cudarc as tbc;
 
 use crate::{context, import, serial, torch_values};

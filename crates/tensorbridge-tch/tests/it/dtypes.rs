@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use tch::{Device as TchDevice, Kind};
-use tensorbridge::{Access, DType, DTypeCode, Device};
+use tensorbridge_core::{Access, DType, DTypeCode, Device};
 use tensorbridge_tch::{Error, ExportOptions, ScalarType, dtype_of_kind, kind_of_dtype};
 
 use crate::{claimed, import};

@@ -10,7 +10,7 @@ mod zero_copy;
 
 use std::sync::Arc;
 
-use tensorbridge::{Access, DType, Device, RawTensor, Tensor};
+use tensorbridge_core::{Access, DType, Device, RawTensor, Tensor};
 use tensorbridge_testkit::DropCounter;
 
 /// The crate's `tensorbridge_tch::import`, for tests that never resize the storage of a tensor

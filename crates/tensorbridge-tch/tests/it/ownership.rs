@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tch::Kind;
-use tensorbridge::{Access, DType, Device};
+use tensorbridge_core::{Access, DType, Device};
 use tensorbridge_tch::Error;
 use tensorbridge_testkit::DropCounter;
 

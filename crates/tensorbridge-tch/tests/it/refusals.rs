@@ -1,7 +1,7 @@
 //! Every typed refusal, with its message.
 
 use tch::{Device as TchDevice, Kind};
-use tensorbridge::{Access, DType, DTypeCode, Device, DeviceType};
+use tensorbridge_core::{Access, DType, DTypeCode, Device, DeviceType};
 use tensorbridge_tch::{Error, TorchDevice, TorchDeviceType, TorchLayout};
 
 use crate::{claimed, import};
@@ -97,15 +97,15 @@ fn read_only_tensors() {
 fn negative_strides() {
     let base = claimed(Device::CPU, DType::FLOAT32, &[8], Access::ReadWrite);
     let strides = [-2i64];
-    let raw = tensorbridge::RawTensor {
+    let raw = tensorbridge_core::RawTensor {
         strides: Some(&strides),
         byte_offset: 28,
-        ..tensorbridge::RawTensor::host(base.data(), DType::FLOAT32, &[4])
+        ..tensorbridge_core::RawTensor::host(base.data(), DType::FLOAT32, &[4])
     };
     // SAFETY: elements 7, 5, 3 and 1 of `base`'s buffer, whose owner is shared; refused
     // before anything reads them.
     let t = unsafe {
-        tensorbridge::Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone())
+        tensorbridge_core::Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone())
     };
     // SAFETY: no view of the tensor lives while libtorch writes it.
     let err = unsafe { tensorbridge_tch::export(&t) }.unwrap_err();

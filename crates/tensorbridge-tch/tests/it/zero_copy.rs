@@ -2,7 +2,7 @@
 //! side read through the other.
 
 use tch::{Device as TchDevice, Kind};
-use tensorbridge::{Device, Ready, Tensor};
+use tensorbridge_core::{Device, Ready, Tensor};
 
 use crate::{import, torch_values};
 
@@ -59,9 +59,9 @@ fn import_shares_memory_both_ways() {
 fn offsets_survive_both_ways() {
     // A core tensor whose element 0 lies 8 bytes into its buffer.
     let base = Tensor::from_vec((0..8).collect::<Vec<i32>>(), &[8]).unwrap();
-    let raw = tensorbridge::RawTensor {
+    let raw = tensorbridge_core::RawTensor {
         byte_offset: 8,
-        ..tensorbridge::RawTensor::host(base.data_ptr(), base.dtype(), &[3])
+        ..tensorbridge_core::RawTensor::host(base.data_ptr(), base.dtype(), &[3])
     };
     // SAFETY: elements 2, 3 and 4 of `base`, whose owner is shared.
     let t = unsafe { Tensor::from_descriptor(raw.validate().unwrap(), base.owner().clone()) };
@@ -84,7 +84,7 @@ fn exclusive_export_is_written_in_place() {
     let data: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0];
     let ptr = data.as_ptr() as usize;
     let shape = [4i64];
-    let desc = tensorbridge::RawTensor::host(ptr, tensorbridge::DType::FLOAT32, &shape)
+    let desc = tensorbridge_core::RawTensor::host(ptr, tensorbridge_core::DType::FLOAT32, &shape)
         .validate()
         .unwrap();
     // SAFETY: the span is `data`'s, moved into the owner; reached only through the tensor.
