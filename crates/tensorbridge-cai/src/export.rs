@@ -1,7 +1,7 @@
 //! Export: a [`Tensor`] (or a [`Descriptor`] and its [`Ready`]) -> an interface dict's values.
 
 use tensorbridge_core::{
-    Descriptor, Ready, StreamConvention, StreamRequest, Tensor, stream_to_wire,
+    Descriptor, Layout, Ready, StreamConvention, StreamRequest, Tensor, stream_to_wire,
 };
 
 use crate::{
@@ -50,7 +50,8 @@ impl CudaArrayInterface {
     /// with no producer stream is refused, as the interface cannot carry an event).
     ///
     /// A zero-size array goes out as its producers give it (PyTorch, CuPy): null address,
-    /// `strides` `None`. A consumer sizes the memory from the strides when they are there
+    /// `strides` `None` (kept only where the shape's row-major strides would overflow, which
+    /// the import of `None` computes). A consumer sizes the memory from the strides when they are there
     /// (CuPy 14: the largest `|shape * stride|`, 16 bytes for shape `(0, 4)` of `float32`)
     /// and must then find the device of the null address, which it cannot: CuPy refused the
     /// view of an empty PyTorch tensor that it takes from PyTorch itself.
@@ -80,7 +81,11 @@ impl CudaArrayInterface {
                 address: if desc.numel() == 0 { 0 } else { c.address },
                 readonly: desc.is_readonly(),
             },
-            strides: (desc.numel() != 0).then_some(c.strides),
+            strides: if desc.numel() == 0 && Layout::row_major(desc.shape()).is_ok() {
+                None
+            } else {
+                Some(c.strides)
+            },
             mask: false,
             version: EXPORT_VERSION,
             stream,
