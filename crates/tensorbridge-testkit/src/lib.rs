@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod layers;
 
 use std::any::Any;
 use std::sync::Arc;
