@@ -232,7 +232,10 @@ mod tests {
             "export".to_string(),
             "error".to_string(),
         );
-        assert_eq!(violations(&levels, &[down.clone()]), Vec::<String>::new());
+        assert_eq!(
+            violations(&levels, std::slice::from_ref(&down)),
+            Vec::<String>::new()
+        );
         assert_eq!(violations(&levels, &[up, side, down]).len(), 2);
     }
 }
