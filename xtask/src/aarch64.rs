@@ -254,23 +254,13 @@ fn zig_tools(venv: &Venv) -> Result<Vec<(&'static str, PathBuf)>> {
 /// `target/python/aarch64`, then [`SMOKE_TESTS`] run on it under qemu.
 pub(crate) fn smoke(steps: &mut Steps, venv: &Venv, tools: &Tools, wheel: &Path) -> Result<()> {
     let site = root().join("target").join("python").join("aarch64");
-    if site.exists() {
-        fs::remove_dir_all(&site).with_context(|| format!("removing {}", site.display()))?;
-    }
-    let mut pip = venv.python_cmd();
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--no-index",
-        "--no-deps",
-        "--no-compile",
-    ])
-    .args(pypi_platform())
-    .arg("--target")
-    .arg(&site)
-    .arg(wheel);
+    crate::venv::remove_dir(&site)?;
+    let mut pip = venv.pip_install();
+    pip.args(["--no-index", "--no-deps", "--no-compile"])
+        .args(pypi_platform())
+        .arg("--target")
+        .arg(&site)
+        .arg(wheel);
     steps.cmd("aarch64: install the wheel", &mut pip)?;
     let tests = root().join(crate::ci::PYTHON_CRATE).join("tests");
     let mut pytest = tools.python_cmd(Some(&site));
@@ -539,15 +529,8 @@ fn build_sysroot(steps: &mut Steps, venv: &Venv, dir: &Path, requirements: &str)
     fs::remove_dir_all(&apt).with_context(|| format!("removing {}", apt.display()))?;
     steps.cmd(
         "aarch64: pip install NumPy, ml_dtypes and pytest (aarch64 wheels)",
-        venv.python_cmd()
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--no-cache-dir",
-            ])
+        venv.pip_install()
+            .args(["--no-input", "--no-cache-dir"])
             .args(pypi_platform())
             .arg("--target")
             .arg(dir.join("site"))

@@ -604,24 +604,14 @@ fn logs_dir() -> PathBuf {
 /// Returns the folder, for `PYTHONPATH`.
 pub(crate) fn install_wheels(steps: &mut Steps, env: &Venv) -> Result<PathBuf> {
     let site = root().join("target").join("python").join(env.name());
-    if site.exists() {
-        fs::remove_dir_all(&site).with_context(|| format!("removing {}", site.display()))?;
-    }
-    let mut pip = env.python_cmd();
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--no-index",
-        "--no-deps",
-        "--find-links",
-    ])
-    .arg(wheels_dir(None))
-    .arg("--find-links")
-    .arg(wheels_dir(Some("abi3-py312")))
-    .arg("--target")
-    .arg(&site);
+    venv::remove_dir(&site)?;
+    let mut pip = env.pip_install();
+    pip.args(["--no-index", "--no-deps", "--find-links"])
+        .arg(wheels_dir(None))
+        .arg("--find-links")
+        .arg(wheels_dir(Some("abi3-py312")))
+        .arg("--target")
+        .arg(&site);
     for (_, dist, _) in WHEELS {
         pip.arg(dist);
     }

@@ -6,7 +6,7 @@
 //! against that NIXL ([`run`], one of `ci`'s extra steps).
 
 use std::env;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,27 +42,14 @@ pub(crate) fn install(steps: &mut Steps, env: &Venv) -> Result<Option<PathBuf>> 
     let text = fs::read_to_string(&requirements)
         .with_context(|| format!("reading {}", requirements.display()))?;
     let dir = root().join("target").join("nixl").join(env.name());
-    let stamp = dir.join(".requirements");
-    if fs::read_to_string(&stamp).ok().as_deref() == Some(text.as_str()) {
-        return Ok(Some(dir));
-    }
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    let mut pip = env.python_cmd();
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--no-deps",
-        "--target",
-    ])
-    .arg(&dir)
-    .arg("-r")
-    .arg(&requirements);
-    steps.cmd(&name, &mut pip)?;
-    fs::write(&stamp, &text).with_context(|| format!("writing {}", stamp.display()))?;
+    crate::venv::install_stamped(
+        steps,
+        env,
+        &name,
+        &dir,
+        &text,
+        &[OsStr::new("-r"), requirements.as_os_str()],
+    )?;
     Ok(Some(dir))
 }
 
@@ -90,25 +77,14 @@ pub(crate) fn bindgen_setup(steps: &mut Steps, venv: &Venv) -> Result<()> {
         return Ok(());
     }
     let dir = root().join("target").join("nixl").join("libclang");
-    let stamp = dir.join(".requirements");
-    if fs::read_to_string(&stamp).ok().as_deref() != Some(LIBCLANG) {
-        if dir.exists() {
-            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        }
-        let mut pip = venv.python_cmd();
-        pip.args([
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--target",
-        ])
-        .arg(&dir)
-        .arg(LIBCLANG);
-        steps.cmd(&format!("bindgen: pip install {LIBCLANG}"), &mut pip)?;
-        fs::write(&stamp, LIBCLANG).with_context(|| format!("writing {}", stamp.display()))?;
-    }
+    crate::venv::install_stamped(
+        steps,
+        venv,
+        &format!("bindgen: pip install {LIBCLANG}"),
+        &dir,
+        LIBCLANG,
+        &[OsStr::new(LIBCLANG)],
+    )?;
     let include = Command::new("cc")
         .arg("-print-file-name=include")
         .output()

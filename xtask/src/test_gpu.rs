@@ -156,17 +156,8 @@ fn test_gpu(
                 // In place of the ordinary example extension, as in the bundle.
                 steps.cmd(
                     "python: install the example extension with candle-cuda",
-                    venv.python_cmd()
-                        .args([
-                            "-m",
-                            "pip",
-                            "install",
-                            "--disable-pip-version-check",
-                            "--no-index",
-                            "--no-deps",
-                            "--upgrade",
-                            "--target",
-                        ])
+                    venv.pip_install()
+                        .args(["--no-index", "--no-deps", "--upgrade", "--target"])
                         .arg(&site)
                         .arg(candle_example),
                 )?;

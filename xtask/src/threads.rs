@@ -108,16 +108,8 @@ fn test_threads(steps: &mut Steps, python: &Path, allow_gil: bool) -> Result<()>
     }
     steps.cmd(
         "install the wheel",
-        env.python_cmd()
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-index",
-                "--no-deps",
-                "--find-links",
-            ])
+        env.pip_install()
+            .args(["--no-index", "--no-deps", "--find-links"])
             .arg(&out)
             .arg("--target")
             .arg(&site)

@@ -22,7 +22,7 @@
 //! way when missing).
 
 use std::env;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -133,6 +133,14 @@ impl Venv {
     pub(crate) fn python_cmd(&self) -> Command {
         let mut cmd = Command::new(self.python());
         self.activate(&mut cmd);
+        cmd
+    }
+
+    /// `python -m pip install --disable-pip-version-check` inside the environment: the start
+    /// of every pip install xtask runs; the caller adds its options and what to install.
+    pub(crate) fn pip_install(&self) -> Command {
+        let mut cmd = self.python_cmd();
+        cmd.args(["-m", "pip", "install", "--disable-pip-version-check"]);
         cmd
     }
 
@@ -360,12 +368,8 @@ fn install(
     }
     steps.cmd(
         &format!("venv {}: install", spec.name),
-        venv.python_cmd()
+        venv.pip_install()
             .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
                 "--no-input",
                 // The environment is the cache: a second copy of torch's CUDA wheels in pip's
                 // own cache costs gigabytes (CI once ran out of disk on it).
@@ -538,6 +542,36 @@ pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
 pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
     cmd.env("LIBTORCH", libtorch);
     cmd
+}
+
+/// Removes `dir` if it is there, so that a `pip install --target` fills it afresh.
+pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Installs with `venv`'s pip into `dir` (`--no-deps --target dir`, then `what`: a
+/// requirement or `-r FILE`) unless `dir/.requirements` holds `stamp` already, the text the
+/// folder was last made from; the folder is made afresh, and stamped once pip succeeded.
+pub(crate) fn install_stamped(
+    steps: &mut Steps,
+    venv: &Venv,
+    step: &str,
+    dir: &Path,
+    stamp: &str,
+    what: &[&OsStr],
+) -> Result<()> {
+    let stamp_file = dir.join(".requirements");
+    if fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp) {
+        return Ok(());
+    }
+    remove_dir(dir)?;
+    let mut pip = venv.pip_install();
+    pip.args(["--no-deps", "--target"]).arg(dir).args(what);
+    steps.cmd(step, &mut pip)?;
+    fs::write(&stamp_file, stamp).with_context(|| format!("writing {}", stamp_file.display()))
 }
 
 #[cfg(test)]
