@@ -99,3 +99,15 @@ class Peer:
             except BaseException:
                 self.proc.kill()
                 raise
+
+
+@pytest.fixture
+def peers():
+    """``peers(name, framework, device)`` makes a ``Peer`` for the test; every one made is
+    closed after it. NIXL found or the test skipped first. The NIXL tests import it as their
+    fixture."""
+    require_nixl()
+    made = []
+    yield lambda *a, **k: made.append(Peer(*a, **k)) or made[-1]
+    for p in made:
+        p.close()

@@ -19,7 +19,7 @@ import pytest
 
 import tensorbridge as tb
 import tensorbridge.nixl as tbn
-from nixlhelpers import Peer, b64, require_nixl, unb64
+from nixlhelpers import b64, peers, require_nixl, unb64  # noqa: F401 - peers: a fixture
 
 
 def read_runs(descs):
@@ -213,15 +213,6 @@ def test_registration_as_a_context_manager_and_refusal_registers_nothing(agent):
 
 
 # ---- two processes ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def peers():
-    require_nixl()
-    made = []
-    yield lambda *a, **k: made.append(Peer(*a, **k)) or made[-1]
-    for p in made:
-        p.close()
 
 
 N, K = 8, 64

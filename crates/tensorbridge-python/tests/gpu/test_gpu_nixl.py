@@ -21,7 +21,7 @@ import pytest
 import tensorbridge as tb
 import tensorbridge.nixl as tbn
 from gpu_frameworks import cudart
-from nixlhelpers import Peer, require_nixl
+from nixlhelpers import peers, require_nixl  # noqa: F401 - peers: a fixture
 
 FRAMEWORKS = ["torch", "cupy", "jax"]
 N, K = 8, 1 << 14  # 8 tensors of 64 KiB, one buffer
@@ -31,19 +31,24 @@ def digest(values: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(values, np.float32).tobytes()).hexdigest()
 
 
-@pytest.fixture
-def peers():
-    require_nixl()
-    made = []
-    yield lambda *a, **k: made.append(Peer(*a, **k)) or made[-1]
-    for p in made:
-        p.close()
-
-
 def two_gpus():
     n = cudart().device_count()
     if n < 2:
         pytest.skip(f"needs two GPUs (a process on each), found {n}")
+
+
+def introduced(peers, producer, consumer, start=0):
+    """A producer on GPU 0 sending N tensors from ``start`` and a consumer on GPU 1 receiving
+    them, both registered and introduced to each other; ``producer`` and ``consumer`` are
+    (agent name, framework). Returns (producer, consumer, the send's and the receive's
+    answers)."""
+    prod = peers(producer[0], producer[1], "cuda:0")
+    cons = peers(consumer[0], consumer[1], "cuda:1")
+    sent = prod.ask(op="send", n=N, k=K, dtype="float32", start=start)
+    recv = cons.ask(op="recv", n=N, k=K, dtype="float32")
+    cons.ask(op="peer", md=sent["md"])
+    prod.ask(op="peer", md=recv["md"])
+    return prod, cons, sent, recv
 
 
 @pytest.mark.parametrize("producer", FRAMEWORKS)
@@ -52,13 +57,10 @@ def test_pair_across_two_gpus(peers, producer, consumer):
     two_gpus()
     for fw in {producer, consumer}:
         pytest.importorskip(fw)
-    prod = peers(f"p-{producer}", producer, "cuda:0")
-    cons = peers(f"c-{consumer}", consumer, "cuda:1")
-    sent = prod.ask(op="send", n=N, k=K, dtype="float32", start=3)
-    recv = cons.ask(op="recv", n=N, k=K, dtype="float32")
+    prod, cons, sent, recv = introduced(
+        peers, (f"p-{producer}", producer), (f"c-{consumer}", consumer), start=3
+    )
     assert sent["count"] == 1 and recv["count"] == 1  # one registration descriptor per side
-    cons.ask(op="peer", md=sent["md"])
-    prod.ask(op="peer", md=recv["md"])
     got = cons.ask(op="read", peer=f"p-{producer}", remote=sent["remote"])
     assert got["digest"] == digest(np.arange(N * K) + 3)
 
@@ -67,12 +69,9 @@ def test_pair_across_two_gpus(peers, producer, consumer):
 def test_busy_producer_transfer_carries_final_values(peers, ordered):
     two_gpus()
     pytest.importorskip("torch")
-    prod = peers("busy-producer", "torch", "cuda:0")
-    cons = peers("busy-consumer", "torch", "cuda:1")
-    sent = prod.ask(op="send", n=N, k=K, dtype="float32", start=0)
-    recv = cons.ask(op="recv", n=N, k=K, dtype="float32")
-    cons.ask(op="peer", md=sent["md"])
-    prod.ask(op="peer", md=recv["md"])
+    prod, cons, _, recv = introduced(
+        peers, ("busy-producer", "torch"), ("busy-consumer", "torch")
+    )
     out = prod.ask(
         op="write_busy", peer="busy-consumer", remote=recv["remote"], tag="busy",
         ordered=ordered, busy_ms=100,
@@ -93,12 +92,7 @@ def test_busy_producer_read_by_its_peer_gets_final_values(peers):
     description."""
     two_gpus()
     pytest.importorskip("torch")
-    prod = peers("busy-source", "torch", "cuda:0")
-    cons = peers("busy-reader", "torch", "cuda:1")
-    sent = prod.ask(op="send", n=N, k=K, dtype="float32", start=0)
-    recv = cons.ask(op="recv", n=N, k=K, dtype="float32")
-    cons.ask(op="peer", md=sent["md"])
-    prod.ask(op="peer", md=recv["md"])
+    prod, cons, _, _ = introduced(peers, ("busy-source", "torch"), ("busy-reader", "torch"))
     out = prod.ask(op="describe_busy", busy_ms=100)
     got = cons.ask(op="read", peer="busy-source", remote=out["remote"])
     assert got["digest"] == out["final_digest"]
