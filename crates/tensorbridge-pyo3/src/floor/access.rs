@@ -8,8 +8,9 @@
 //! knows of itself (a view made read-only on request, a share opened read-only, a legacy
 //! capsule of an unknown producer overlapping one of its live read-only exports) keeps its
 //! strictness: no flagless hand-off. A producer known to hand its arrays out flagless
-//! (JAX, TensorFlow) is taken at its word through every protocol ([`flagless_producer`]). ARCHITECTURE.md ("The read-only rule") has the reasons, docs/PROTOCOLS.md
-//! ("Outcome matrix") every producer and consumer.
+//! (JAX, TensorFlow) is taken at its word through every protocol ([`flagless_producer`]).
+//! ARCHITECTURE.md ("The read-only rule") has the reasons, docs/PROTOCOLS.md ("Outcome
+//! matrix") every producer and consumer.
 //!
 //! | provenance | legacy capsule, borrowed `DLTensor` (no flags) | versioned capsule, exchange table's managed export | CAI | array interface |
 //! |---|---|---|---|---|

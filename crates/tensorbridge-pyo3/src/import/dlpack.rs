@@ -118,10 +118,9 @@ pub(crate) fn from_dlpack(
     } else {
         Access::ReadOnly
     };
+    // The provenance of a producer that hands out flagless arrays itself is its caller's
+    // to set (`import::general`, for every protocol alike).
     let mut imported = from_capsule(capsule, legacy_access)?;
-    if facts.flagless_readonly {
-        imported.provenance = crate::floor::access::flagless_producer(&imported.desc);
-    }
     if !is_stream_ordered(imported.desc.device().kind) {
         return Ok(imported);
     }
