@@ -7,7 +7,8 @@ as base64). FRAMEWORK (numpy, torch, cupy, jax) allocates this side's tensors on
 registration is one descriptor. Commands:
 
 - ``{"op": "recv", "n": N, "k": K, "dtype": D}``: N zeroed tensors of K elements, registered;
-  answers the description, the descriptor count, this agent's metadata.
+  answers the description, the descriptor count, the tensors CUDA IPC cannot share
+  (``Registration.staged``), this agent's metadata.
 - ``{"op": "send", "n": N, "k": K, "dtype": D, "start": S}``: N tensors holding S, S+1, ...
   in element order, registered; answers as ``recv``.
 - ``{"op": "peer", "md": ...}``: adds a remote agent; answers its name.
@@ -122,6 +123,7 @@ class Side:
         return {
             "remote": b64(bytes(remote)),
             "count": self.reg.count,
+            "staged": self.reg.staged,
             "md": b64(self.agent.get_agent_metadata()),
         }
 

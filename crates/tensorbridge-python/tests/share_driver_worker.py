@@ -77,6 +77,23 @@ class Driver:
         self.bind()
         self.check(self.lib.cuMemFree_v2(ctypes.c_uint64(ptr)), "cuMemFree_v2")
 
+    def alloc_async(self, nbytes: int) -> int:
+        """Memory of the device's stream-ordered pool (``cuMemAllocAsync`` on the legacy
+        default stream, then synchronized)."""
+        self.bind()
+        ptr = ctypes.c_uint64()
+        self.check(
+            self.lib.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(nbytes), ctypes.c_void_p(0)),
+            "cuMemAllocAsync",
+        )
+        self.check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+        return ptr.value
+
+    def free_async(self, ptr: int):
+        self.bind()
+        self.check(self.lib.cuMemFreeAsync(ctypes.c_uint64(ptr), ctypes.c_void_p(0)), "cuMemFreeAsync")
+        self.check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+
     def write(self, ptr: int, values) -> None:
         a = np.ascontiguousarray(values, dtype=np.float32)
         self.bind()

@@ -1,8 +1,9 @@
 """``tensorbridge.nixl``'s CUDA half through a CUDA driver (the stand-in in CI, the real one in
 the GPU bundle): registration descriptors grouped by the driver's allocation (a gap between
 tensors of one allocation still one descriptor, two allocations two), the device id, a span
-past its allocation refused, transfer runs of a strided CUDA view, and ``ready`` (a private
-stream made to wait, then synchronized). NIXL itself is not needed: descriptors are built,
+past its allocation refused, memory CUDA IPC cannot share (a stream-ordered pool) registered
+with a ``StagedMemoryWarning`` or refused with ``require_ipc``, transfer runs of a strided CUDA
+view, and ``ready`` (a private stream made to wait, then synchronized). NIXL itself is not needed: descriptors are built,
 not registered (VRAM registration needs a CUDA-enabled UCX and a GPU:
 ``gpu/test_gpu_nixl.py``)."""
 
@@ -61,6 +62,62 @@ def test_span_past_its_allocation_is_refused(alloc):
     # such a span never reaches NIXL; the adapter checks again for views made otherwise.
     with pytest.raises((ValueError, tbn.CrossAllocationError), match="past the allocation|inside the allocation"):
         tbn.registration_descs(tb.asview(TooLong()))
+
+
+class RecordingAgent:
+    """What ``register`` asks of a NIXL agent, recorded: the descriptors it registers."""
+
+    def __init__(self):
+        self.registered = []
+
+    def get_reg_descs(self, array, mem_type):
+        return (mem_type, [tuple(int(x) for x in row) for row in array])
+
+    def register_memory(self, dlist, mem_type, backends):
+        self.registered.append(dlist)
+
+    def deregister_memory(self, dlist, backends):
+        self.registered.remove(dlist)
+
+
+def test_pool_memory_registers_with_a_warning_or_is_refused_on_request(cuda, alloc):
+    """Memory legacy CUDA IPC cannot share is what NIXL by hand takes too: registered, the
+    tensor named in ``staged`` and a ``StagedMemoryWarning`` raised; ``require_ipc=True``
+    refuses it with the typed error instead. Plain device memory raises neither."""
+    ptr = cuda.alloc_async(4096)
+    try:
+        pooled = view(ptr, 256)
+        agent = RecordingAgent()
+        with pytest.warns(tbn.StagedMemoryWarning, match="stream-ordered pool"):
+            reg = tbn.register(agent, pooled)
+        assert reg.staged and "tensor 0" in reg.staged[0] and "pool" in reg.staged[0]
+        assert agent.registered == [("VRAM", [(ptr, 1024, 0)])]
+        reg.deregister()
+        assert agent.registered == []
+        with pytest.raises(tbn.PoolMemoryError, match="require_ipc=True") as e:
+            tbn.register(agent, pooled, require_ipc=True)
+        assert "stream-ordered pool" in e.value.found and agent.registered == []
+        with pytest.raises(tbn.PoolMemoryError):
+            tbn.registration_descs([view(alloc(256), 64), pooled], require_ipc=True)
+        # One call asks the driver once per allocation: the verdict of one allocation never
+        # reaches a tensor of another, whichever order they come in.
+        plain = alloc(8192)
+        mixed = [view(plain, 16), pooled, view(plain, 16, offset=4096), view(ptr, 16, offset=2048)]
+        with pytest.warns(tbn.StagedMemoryWarning):
+            reg = tbn.register(agent, mixed)
+        assert [w.split("): ")[0] + ")" for w in reg.staged] == [
+            "tensor 1 (cuda:0, float32[256])", "tensor 3 (cuda:0, float32[16])"
+        ]
+        assert sorted(agent.registered[0][1]) == sorted([(plain, 4096 + 64, 0), (ptr, 2048 + 64, 0)])
+        reg.deregister()
+    finally:
+        cuda.free_async(ptr)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # plain device memory: no warning
+        reg = tbn.register(RecordingAgent(), view(alloc(1024), 256))
+    assert reg.staged == [] and reg.count == 1
 
 
 def test_strided_cuda_view_runs(alloc):

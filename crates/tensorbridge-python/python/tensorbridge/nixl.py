@@ -25,6 +25,7 @@ imports it; the other functions take the agent you made. NumPy is required.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import importlib.util
 import json
@@ -48,6 +49,8 @@ __all__ = [
     "ReadOnlyMemoryError",
     "ManagedMemoryError",
     "VirtualMemoryError",
+    "PoolMemoryError",
+    "StagedMemoryWarning",
     "CrossAllocationError",
     "LayoutError",
     "TransferError",
@@ -121,7 +124,23 @@ class ManagedMemoryError(NixlMemoryError):
 
 class VirtualMemoryError(NixlMemoryError):
     """CUDA virtual memory management (``cuMemCreate``/``cuMemMap``: PyTorch's expandable
-    segments): UCX silently falls back from its CUDA IPC path for such memory."""
+    segments, JAX's GPU allocator), refused where ``require_ipc=True`` asked for memory CUDA
+    IPC can share. Without it such memory is registered (``StagedMemoryWarning``)."""
+
+
+class PoolMemoryError(NixlMemoryError):
+    """Memory of a stream-ordered pool (``cudaMallocAsync``), refused where
+    ``require_ipc=True`` asked for memory CUDA IPC can share. Without it such memory is
+    registered (``StagedMemoryWarning``)."""
+
+
+class StagedMemoryWarning(RuntimeWarning):
+    """CUDA memory that legacy CUDA IPC cannot share (a virtual memory mapping, or a
+    stream-ordered pool) was registered. NIXL moves it correctly, as it would if registered by
+    hand, but between two processes of one node UCX cannot map it into the peer and copies it
+    through host memory: slower than GPU to GPU. ``Registration.staged`` names the tensors;
+    ``register(..., require_ipc=True)`` refuses them instead (``VirtualMemoryError``,
+    ``PoolMemoryError``)."""
 
 
 class CrossAllocationError(NixlMemoryError):
@@ -197,6 +216,8 @@ def make_agent(
 # --------------------------------------------------------------------------------------
 
 _CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
+_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
+_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
 _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
 _CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 _CU_STREAM_NON_BLOCKING = 1
@@ -275,8 +296,25 @@ class _Driver:
     def is_managed(self, ordinal: int, ptr: int) -> bool:
         return bool(self._attribute(ordinal, _CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr, ctypes.c_uint32))
 
-    def is_vmm(self, ordinal: int, ptr: int) -> bool:
-        """``cuMemRetainAllocationHandle`` succeeds only on virtual-memory mappings."""
+    def not_ipc(self, ordinal: int, ptr: int) -> Optional[str]:
+        """Why legacy CUDA IPC cannot share the memory at ``ptr``: ``"pool"`` (a
+        stream-ordered pool), ``"vmm"`` (a virtual memory mapping), or ``None`` where it can
+        (or where the driver cannot say). Pools first: their memory is mapped through the
+        virtual memory API, so ``cuMemRetainAllocationHandle`` succeeds for it too."""
+        try:
+            capable = self._attribute(
+                ordinal, _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, ptr, ctypes.c_uint32
+            )
+        except RuntimeError:
+            return None  # a driver too old to answer: nothing to tell
+        if capable & 0xFF:  # a bool: the driver may write one byte of the four
+            return None
+        try:
+            pool = self._attribute(ordinal, _CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr, ctypes.c_uint64)
+        except RuntimeError:
+            pool = 0
+        if pool:
+            return "pool"
         handle = ctypes.c_uint64()
         rc = self._call(
             ordinal,
@@ -284,8 +322,8 @@ class _Driver:
         )
         if rc == 0:
             self.lib.cuMemRelease(handle)
-            return True
-        return False
+            return "vmm"
+        return None
 
     def stream(self, ordinal: int) -> int:
         """A private non-blocking stream on device ``ordinal`` (made once, kept)."""
@@ -349,11 +387,11 @@ def memory_of(view: Any) -> Tuple[str, int]:
     view = _view(view)
     m = _DEVICE.match(view.device)
     kind, ordinal = (m.group(1), int(m.group(2) or 0)) if m else (view.device, 0)
-    what = _what(0, view)
     if kind in ("cpu", "cuda_host"):
         return "DRAM", 0
     if kind == "cuda":
         return "VRAM", ordinal
+    what = _what(0, view)
     if kind == "cuda_managed":
         raise ManagedMemoryError(what, "host or CUDA device memory", "CUDA managed memory")
     raise UnregistrableMemoryError(
@@ -373,37 +411,88 @@ def _span(view: View) -> Tuple[int, int]:
     return lo, hi + view.itemsize
 
 
-def _check_memory(i: int, view: View, allow_readonly: bool) -> Tuple[str, int]:
+_NOT_IPC = {
+    "vmm": (VirtualMemoryError, "a virtual memory mapping (cuMemCreate/cuMemMap: PyTorch's "
+            "expandable segments, JAX's GPU allocator)"),
+    "pool": (PoolMemoryError, "memory of a stream-ordered pool (cudaMallocAsync)"),
+}
+
+
+class _Known:
+    """The CUDA allocations one call has already asked the driver about: (device, base, end,
+    why CUDA IPC cannot share it). Sound for the call only: every view of the call pins its
+    memory until the call returns, so an allocation found for one view cannot be freed, nor
+    its range reused, while the call runs, and another pointer inside that range is in the
+    same allocation. A thousand slices of one buffer cost the driver's answers once."""
+
+    __slots__ = ("keys", "allocs")
+
+    def __init__(self) -> None:
+        self.keys: List[Tuple[int, int]] = []  # (device, base), sorted
+        self.allocs: List[Tuple[int, int, int, Optional[str]]] = []  # in the same order
+
+    def find(self, dev: int, lo: int) -> Optional[Tuple[int, int, int, Optional[str]]]:
+        at = bisect.bisect_right(self.keys, (dev, lo)) - 1
+        if at >= 0:
+            a = self.allocs[at]
+            if a[0] == dev and a[1] <= lo < a[2]:
+                return a
+        return None
+
+    def add(self, alloc: Tuple[int, int, int, Optional[str]]) -> None:
+        at = bisect.bisect_right(self.keys, (alloc[0], alloc[1]))
+        self.keys.insert(at, (alloc[0], alloc[1]))
+        self.allocs.insert(at, alloc)
+
+
+def _check_memory(
+    i: int,
+    view: View,
+    allow_readonly: bool,
+    require_ipc: bool = False,
+    known: Optional[_Known] = None,
+) -> Tuple[str, int, Optional[str]]:
+    """The view's NIXL memory type and device, and why CUDA IPC cannot share it (``None``
+    where it can, and for host memory); raises for memory NIXL must not be given. ``known``
+    carries the driver's answers from one view to the next within one call."""
     mem, dev = memory_of(view)
-    what = _what(i, view)
     if view.nbytes == 0:
-        raise UnregistrableMemoryError(what, "a tensor with at least one element", "none")
+        raise UnregistrableMemoryError(_what(i, view), "a tensor with at least one element", "none")
     if view.readonly and not allow_readonly:
         raise ReadOnlyMemoryError(
-            what,
+            _what(i, view),
             "writable memory (registered memory may be written by every peer; "
             "allow_readonly=True where peers only read it)",
             "a read-only view",
         )
     if mem == "VRAM":
-        cuda = _cuda()
         lo, hi = _span(view)
-        if cuda.is_managed(dev, lo):
-            raise ManagedMemoryError(what, "CUDA device memory", "CUDA managed memory")
-        if cuda.is_vmm(dev, lo):
-            raise VirtualMemoryError(
-                what,
-                "memory from cudaMalloc or a caching allocator over it",
-                "a virtual memory mapping (cuMemMap; PyTorch's expandable segments)",
+        found = known.find(dev, lo) if known is not None else None
+        if found is None:
+            cuda = _cuda()
+            if cuda.is_managed(dev, lo):
+                raise ManagedMemoryError(_what(i, view), "CUDA device memory", "CUDA managed memory")
+            base, size = cuda.allocation(dev, lo)
+            found = (dev, base, base + size, cuda.not_ipc(dev, lo))
+            if known is not None:
+                known.add(found)
+        _, base, end, staged = found
+        if staged is not None and require_ipc:
+            error, found = _NOT_IPC[staged]
+            raise error(
+                _what(i, view),
+                "memory CUDA IPC can share (cudaMalloc, or a caching allocator over it), "
+                "as require_ipc=True asks",
+                found,
             )
-        base, size = cuda.allocation(dev, lo)
-        if hi > base + size:
+        if hi > end:
             raise CrossAllocationError(
-                what,
-                f"a span inside the allocation [{base:#x}, {base + size:#x})",
+                _what(i, view),
+                f"a span inside the allocation [{base:#x}, {end:#x})",
                 f"span [{lo:#x}, {hi:#x})",
             )
-    return mem, dev
+        return mem, dev, staged
+    return mem, dev, None
 
 
 class Descs:
@@ -431,20 +520,29 @@ class Descs:
         return f"Descs({self.mem_type!r}, {self.tuples()!r})"
 
 
-def registration_descs(tensors: Any, *, allow_readonly: bool = False) -> List[Descs]:
+def registration_descs(
+    tensors: Any, *, allow_readonly: bool = False, require_ipc: bool = False
+) -> List[Descs]:
     """The fewest registration descriptors covering ``tensors``, one ``Descs`` per memory
     type. CUDA: one per driver allocation, spanning the tensors' spans in it. Host: spans
     that overlap or touch merged (the host has no allocation a process can ask for)."""
-    return _registration(_views(tensors), allow_readonly)
+    return _registration(_views(tensors), allow_readonly, require_ipc)[0]
 
 
-def _registration(views: List[View], allow_readonly: bool) -> List[Descs]:
+def _registration(
+    views: List[View], allow_readonly: bool, require_ipc: bool = False
+) -> Tuple[List[Descs], List[str]]:
+    """The descriptors, and the tensors CUDA IPC cannot share (each named with why)."""
     # (mem, dev, group) -> [lo, hi]
     groups: Dict[Tuple[str, int], List[Tuple[int, int, int]]] = {}
+    staged: List[str] = []
+    known = _Known()
     for i, v in enumerate(views):
-        mem, dev = _check_memory(i, v, allow_readonly)
+        mem, dev, why = _check_memory(i, v, allow_readonly, require_ipc, known)
+        if why is not None:
+            staged.append(f"{_what(i, v)}: {_NOT_IPC[why][1]}")
         lo, hi = _span(v)
-        key = _cuda().allocation(dev, lo)[0] if mem == "VRAM" else -1
+        key = known.find(dev, lo)[1] if mem == "VRAM" else -1
         groups.setdefault((mem, dev), []).append((key, lo, hi))
     out: Dict[str, List[Tuple[int, int, int]]] = {}
     for (mem, dev), spans in groups.items():
@@ -465,7 +563,19 @@ def _registration(views: List[View], allow_readonly: bool) -> List[Descs]:
                     rows.append((cur_lo, cur_hi - cur_lo, dev))
                     cur_lo, cur_hi = lo, hi
             rows.append((cur_lo, cur_hi - cur_lo, dev))
-    return [Descs(mem, np.array(rows, dtype=np.uint64).reshape(-1, 3)) for mem, rows in out.items()]
+    descs = [Descs(mem, np.array(rows, dtype=np.uint64).reshape(-1, 3)) for mem, rows in out.items()]
+    return descs, staged
+
+
+def _dims_and_run(view: View) -> Tuple[List[Tuple[int, int]], int]:
+    """The dimensions left once the innermost contiguous ones are folded into one run, and
+    that run's length in bytes: no dimensions left means one run covers the view."""
+    dims = [(n, s) for n, s in zip(view.shape, view.byte_strides) if n != 1]
+    run = view.itemsize
+    while dims and dims[-1][1] == run:
+        run *= dims[-1][0]
+        dims.pop()
+    return dims, run
 
 
 def _runs(i: int, view: View, limit: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -473,11 +583,7 @@ def _runs(i: int, view: View, limit: int) -> Tuple[np.ndarray, np.ndarray]:
     adjacent runs merged. Empty views give none."""
     if view.nbytes == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    dims = [(n, s) for n, s in zip(view.shape, view.byte_strides) if n != 1]
-    run = view.itemsize
-    while dims and dims[-1][1] == run:
-        run *= dims[-1][0]
-        dims.pop()
+    dims, run = _dims_and_run(view)
     count = 1
     for n, _ in dims:
         count *= n
@@ -502,21 +608,31 @@ def _runs(i: int, view: View, limit: int) -> Tuple[np.ndarray, np.ndarray]:
 
 def _all_runs(views: List[View], limit: int, allow_readonly: bool) -> Tuple[str, Descs]:
     mems = set()
-    addrs, lens, devs = [], [], []
+    # Python lists, one entry per run: most tensors are one run (contiguous), and NumPy's
+    # per-call cost would dominate a thousand of them.
+    addrs: List[int] = []
+    lens: List[int] = []
+    devs: List[int] = []
+    known = _Known()
     for i, v in enumerate(views):
-        mem, dev = _check_memory(i, v, allow_readonly)
+        mem, dev, _ = _check_memory(i, v, allow_readonly, known=known)
         mems.add(mem)
+        if v.nbytes and not _dims_and_run(v)[0]:  # one run: the whole span
+            addrs.append(_span(v)[0])
+            lens.append(v.nbytes)
+            devs.append(dev)
+            continue
         a, n = _runs(i, v, limit)
-        addrs.append(a)
-        lens.append(n)
-        devs.append(np.full(a.shape, dev, np.uint64))
+        addrs.extend(a.tolist())
+        lens.extend(n.tolist())
+        devs.extend([dev] * len(a))
     if len(mems) > 1:
         raise LayoutError(
             "tensors", "one memory type per side of a transfer", f"{sorted(mems)}"
         )
-    a = np.concatenate(addrs) if addrs else np.zeros(0, np.uint64)
-    n = np.concatenate(lens) if lens else np.zeros(0, np.uint64)
-    d = np.concatenate(devs) if devs else np.zeros(0, np.uint64)
+    a = np.array(addrs, dtype=np.uint64)
+    n = np.array(lens, dtype=np.uint64)
+    d = np.array(devs, dtype=np.uint64)
     # Runs of consecutive tensors that touch, on one device, merge too.
     if len(a) > 1:
         starts = np.concatenate(([True], (a[1:] != a[:-1] + n[:-1]) | (d[1:] != d[:-1])))
@@ -693,12 +809,21 @@ _leaked: List[Any] = []
 class Registration:
     """Tensors registered with a NIXL agent. Holds their views (so their memory lives) until
     ``deregister()`` (or the end of a ``with`` block); ``descs`` are the descriptors
-    registered, ``count`` their number."""
+    registered, ``count`` their number, ``staged`` the tensors CUDA IPC cannot share (each
+    with why; ``StagedMemoryWarning``), empty when there are none."""
 
-    def __init__(self, agent: Any, views: List[View], descs: List[Descs], backends: Sequence[str]):
+    def __init__(
+        self,
+        agent: Any,
+        views: List[View],
+        descs: List[Descs],
+        backends: Sequence[str],
+        staged: Sequence[str] = (),
+    ):
         self.agent = agent
         self.views: Optional[List[View]] = views
         self.descs = descs
+        self.staged = list(staged)
         self._backends = list(backends)
         self._dlists: List[Any] = []
 
@@ -749,16 +874,28 @@ def register(
     tensors: Any,
     *,
     allow_readonly: bool = False,
+    require_ipc: bool = False,
     backends: Sequence[str] = (),
 ) -> Registration:
     """Registers ``tensors`` with ``agent`` as the fewest descriptors covering them
     (``registration_descs``) and holds their views until the registration is deregistered.
     Refuses, before NIXL sees anything: empty tensors, devices NIXL has no memory type for,
-    read-only views (unless ``allow_readonly``), CUDA managed memory, CUDA virtual memory
-    mappings, spans that cross CUDA allocations."""
+    read-only views (unless ``allow_readonly``), CUDA managed memory, spans that cross CUDA
+    allocations, and with ``require_ipc`` CUDA memory that CUDA IPC cannot share (virtual
+    memory mappings, stream-ordered pools). Such memory is otherwise registered, as NIXL by
+    hand would, with a ``StagedMemoryWarning`` and the tensors named in ``staged``."""
     views = _views(tensors)
-    descs = _registration(views, allow_readonly)
-    reg = Registration(agent, views, descs, backends)
+    descs, staged = _registration(views, allow_readonly, require_ipc)
+    if staged:
+        warnings.warn(
+            "tensorbridge.nixl: registered CUDA memory that CUDA IPC cannot share ("
+            + "; ".join(staged[:3]) + ("; ..." if len(staged) > 3 else "")
+            + "): NIXL moves it correctly, but between processes of one node UCX copies it "
+            "through host memory; require_ipc=True refuses it instead",
+            StagedMemoryWarning,
+            stacklevel=2,
+        )
+    reg = Registration(agent, views, descs, backends, staged)
     try:
         for d in descs:
             dlist = agent.get_reg_descs(d.array, d.mem_type)
