@@ -33,8 +33,16 @@ import statistics
 import sys
 import time
 
-ROUNDS = {"1 GiB": 10, "1000 x 64 KiB": 30}
-CASES = {"1 GiB": (1, 1 << 28), "1000 x 64 KiB": (1000, 1 << 14)}  # (tensors, float32 each)
+ROUNDS = {"1000 x 64 KiB": 30, "1 GiB": 10}
+CASES = {"1000 x 64 KiB": (1000, 1 << 14), "1 GiB": (1, 1 << 28)}  # (tensors, float32 each)
+# A worker that has not finished by then prints every thread's stack and exits (a failure,
+# never a hang); each transfer has its own limit too.
+WORKER_LIMIT_S = float(os.environ.get("TB_NIXL_BENCH_LIMIT", "240"))
+XFER_LIMIT_S = 60.0
+
+
+def say(rank, *what):
+    print(f"[rank {rank} {time.strftime('%H:%M:%S')}]", *what, flush=True)
 
 
 def tensors(torch, case, device, fill):
@@ -52,6 +60,9 @@ def ms(seconds):
 
 
 def worker(rank, conn, port):
+    import faulthandler
+
+    faulthandler.dump_traceback_later(WORKER_LIMIT_S, exit=True)
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     import torch
     import torch.distributed as dist
@@ -63,25 +74,40 @@ def worker(rank, conn, port):
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     agent = tbn.make_agent(f"bench-{rank}")
     other = f"bench-{1 - rank}"
-    conn.send(agent.get_agent_metadata())
-    agent.add_remote_agent(conn.recv())
-    results = {}
+    # Every case's tensors first, each path its own (the same shapes, the same allocator), all
+    # registered before the agents trade metadata: a peer knows only the memory registered
+    # when it loaded the metadata.
+    mine = {}
     for case in CASES:
         buf, parts = tensors(torch, case, device, fill=rank == 0)
+        hbuf, hparts = tensors(torch, case, device, fill=rank == 0)
         torch.cuda.synchronize(device)
         row = {}
-        # tensorbridge
         t0 = time.perf_counter()
         reg = tbn.register(agent, parts)
         row["tb_register_ms"] = ms(time.perf_counter() - t0)
         row["tb_descriptors"] = reg.count
         # by hand: NIXL's own torch path, one descriptor per tensor
         t0 = time.perf_counter()
-        hand = agent.register_memory(parts)
+        hand = agent.register_memory(hparts)
         row["hand_register_ms"] = ms(time.perf_counter() - t0)
-        row["hand_descriptors"] = len(parts)
+        row["hand_descriptors"] = len(hparts)
+        mine[case] = (buf, parts, hbuf, hparts, reg, hand, row)
+    # One side sends first: metadata of 1,000 registrations outgrows the pipe's buffer, and
+    # two processes both sending first would each wait for the other to read.
+    if rank == 0:
+        conn.send(agent.get_agent_metadata())
+        agent.add_remote_agent(conn.recv())
+    else:
+        peer_md = conn.recv()
+        conn.send(agent.get_agent_metadata())
+        agent.add_remote_agent(peer_md)
+    say(rank, "registered and introduced:", {c: mine[c][6] for c in CASES})
+    results = {}
+    for case in CASES:
+        buf, parts, hbuf, hparts, reg, hand, row = mine[case]
         if rank == 0:
-            conn.send((bytes(tbn.describe(parts)), [(p.data_ptr(), p.numel() * 4, 0) for p in parts]))
+            conn.send((bytes(tbn.describe(parts)), [(p.data_ptr(), p.numel() * 4, 0) for p in hparts]))
         else:
             blob, remote_list = conn.recv()
             remote = tbn.Remote.from_bytes(blob)
@@ -89,21 +115,23 @@ def worker(rank, conn, port):
             for r in range(ROUNDS[case] + 1):
                 t0 = time.perf_counter()
                 with tbn.transfer(agent, "READ", parts, remote, other) as x:
-                    x.wait(timeout=120)
+                    x.wait(timeout=XFER_LIMIT_S)
                 tb_times.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 h = agent.initialize_xfer(
-                    "READ", agent.get_xfer_descs(parts), agent.get_xfer_descs(remote_list, "VRAM"), other
+                    "READ", agent.get_xfer_descs(hparts), agent.get_xfer_descs(remote_list, "VRAM"), other
                 )
                 state = agent.transfer(h)
-                while state == "PROC":
+                while state == "PROC" and time.perf_counter() - t0 < XFER_LIMIT_S:
                     state = agent.check_xfer_state(h)
                 agent.release_xfer_handle(h)
                 hand_times.append(time.perf_counter() - t0)
                 if state != "DONE":
                     raise RuntimeError(f"hand-written transfer ended in {state}")
-            ok = bool(torch.equal(buf, torch.arange(buf.numel(), device=device, dtype=torch.float32)))
-            row["values_ok"] = ok
+                if r == 0:
+                    say(rank, case, f"first round: tensorbridge {ms(tb_times[0])} ms, by hand {ms(hand_times[0])} ms")
+            want = torch.arange(buf.numel(), device=device, dtype=torch.float32)
+            row["values_ok"] = bool(torch.equal(buf, want)) and bool(torch.equal(hbuf, want))
             row["tb_transfer_ms"] = ms(statistics.median(tb_times[1:]))
             row["hand_transfer_ms"] = ms(statistics.median(hand_times[1:]))
         conn.send("nixl done") if rank == 1 else conn.recv()
@@ -123,10 +151,12 @@ def worker(rank, conn, port):
         if rank == 1:
             row["nccl_ms"] = ms(statistics.median(nccl_times[1:]))
             results[case] = row
+            say(rank, case, row)
+    for case in CASES:
+        _, _, _, _, reg, hand, _ = mine.pop(case)
         reg.deregister()
         agent.deregister_memory(hand)
-        del buf, parts
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
     if rank == 1:
         conn.send(results)
     dist.destroy_process_group()
@@ -155,9 +185,17 @@ def main():
     for p in procs:
         p.start()
     # The workers trade metadata over the pipe's two ends themselves; the consumer's last
-    # message is the results.
+    # message is the results. A worker that fails leaves the other waiting on the pipe: it
+    # is stopped, and the run fails, instead of hanging.
+    deadline = time.monotonic() + WORKER_LIMIT_S + 60
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        time.sleep(0.2)
     for p in procs:
-        p.join(timeout=900)
+        if p.is_alive():
+            p.terminate()
+        p.join(timeout=30)
     # The results arrive on process 0's end after it exited; read what is left.
     results = a.recv() if a.poll(5) else None
     if results is None or any(p.exitcode for p in procs):
