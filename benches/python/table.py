@@ -4,7 +4,8 @@
 Reads criterion's results (the median of each benchmark, from `<criterion>/**/new/`) and,
 when present, `compare.json` (the Python rows `compare.py` writes on a GPU machine), and
 prints a markdown table: each row a conversion, tensorbridge's time, the peer's, the ratio
-and the target with its verdict. With `--write FILE`, the table also replaces what lies
+and the target with its verdict; a missed target carries its reason in a few words and a
+link to the argument from profiles (docs/BENCHMARKS.md, "Why the latest run's misses"). With `--write FILE`, the table also replaces what lies
 between the markers `<!-- latest-run:begin -->` and `<!-- latest-run:end -->` in FILE.
 
 `cargo xtask bench` runs it after the criterion benches (target/criterion); the GPU
@@ -24,30 +25,42 @@ BEGIN = "<!-- latest-run:begin -->"
 END = "<!-- latest-run:end -->"
 RANKS = (1, 2, 4, 8)
 
-# (conversion, tensorbridge's benchmark, the peer's benchmark or None, peer's name, target)
+# (conversion, tensorbridge's benchmark, the peer's benchmark or None, peer's name, target,
+# the reason a miss has, in a few words)
 # `{r}` is the rank. A target is ("ratio", x): ours / peer <= x, or ("ns", rank, x): ours at
 # that rank <= x ns. The peers check less (dlpark and `from_shape_ptr` trust their input).
 ROWS = [
     ("DLPack round trip (export + import + drop)",
      "dlpack/roundtrip/tensorbridge/rank{r}", "dlpack/roundtrip/dlpark/rank{r}",
-     "dlpark's producer + consumer", ("ratio", 1.0)),
+     "dlpark's producer + consumer", ("ratio", 1.0),
+     "the import compares every field of its own export with a private copy (dlpark's "
+     "consumer checks the shape only)"),
     ("`tensorbridge_tch::import`",
      "tch/import/tensorbridge/rank{r}", "tch/import/tch_ptr_size_stride/rank{r}",
-     "tch `data_ptr` + `size` + `stride`", ("ratio", 1.2)),
+     "tch `data_ptr` + `size` + `stride`", ("ratio", 1.2),
+     "the core's validation and the owner's `Arc` (tch's reads check nothing)"),
     ("`tensorbridge_tch::export`",
      "tch/export/tensorbridge/rank{r}", "tch/export/tch_from_blob/rank{r}",
-     "tch `from_blob`", ("ratio", 1.2)),
+     "tch `from_blob`", ("ratio", 1.2),
+     "libtorch's tensor creation dominates both"),
     ("ndarray view of a `Tensor`",
      "ndarray/view/tensorbridge/rank{r}", "ndarray/view/from_shape_ptr/rank{r}",
-     "`ArrayView::from_shape_ptr`", ("ratio", 1.2)),
+     "`ArrayView::from_shape_ptr`", ("ratio", 1.2),
+     "the view checks what `from_shape_ptr` leaves to its caller, then calls it"),
     ("candle tensor -> `Tensor`",
      "candle/import/tensorbridge/rank{r}", "candle/import/by_hand/rank{r}",
-     "candle's storage read by hand", ("ratio", 2.0)),
+     "candle's storage read by hand", ("ratio", 2.0),
+     "the peer reads a pointer and stops; the validation alone is over 2x of it"),
     ("core raw -> `Tensor`",
-     "core/raw_to_tensor/rank{r}", None, "", ("ns", 4, 25.0)),
+     "core/raw_to_tensor/rank{r}", None, "", ("ns", 4, 25.0),
+     "the validation and a 240-byte `Tensor` built and moved"),
     ("CAI import",
-     "cai/import/cuda_array_interface/{r}", None, "", ("ns", 4, 100.0)),
+     "cai/import/cuda_array_interface/{r}", None, "", ("ns", 4, 100.0),
+     "the core's floor plus the typestr and byte strides decoded"),
 ]
+
+# Where a miss's reason is argued from profiles (an anchor in docs/BENCHMARKS.md).
+WHY = "#why-the-latest-runs-misses"
 
 
 def criterion_medians(root):
@@ -80,7 +93,7 @@ def fmt_list(vals, fmt):
 
 def rust_rows(medians):
     lines = []
-    for name, ours_id, peer_id, peer_name, target in ROWS:
+    for name, ours_id, peer_id, peer_name, target, why in ROWS:
         ours = [medians.get(ours_id.format(r=r)) for r in RANKS]
         if all(v is None for v in ours):
             continue
@@ -96,6 +109,8 @@ def rust_rows(medians):
             want = f"<= {limit:.0f} ns at rank {rank}"
             at = ours[RANKS.index(rank)]
             verdict = "-" if at is None else ("met" if at <= limit else "**missed**")
+        if verdict == "**missed**":
+            verdict += f": {why} ([why]({WHY}))"
         lines.append(
             f"| {name} | {fmt_list(ours, fmt_ns)} ns | "
             f"{peer_name + ': ' + fmt_list(peer, fmt_ns) + ' ns' if peer_id else '-'} | "
@@ -114,17 +129,28 @@ def python_rows(path):
         if "error" in row:
             lines.append(f"| {row.get('path', '?')} (Python) | error: {row['error']} | | | |")
             continue
+        if "host_ms" in row:  # a stream row: how long the consumer kept the host
+            lines.append(
+                f"| {row['path']} (Python), producer busy | {row['host_ms']:.3f} ms of host time "
+                f"| - | - | blocks the host: {'yes' if row.get('blocks') else 'no'}; values "
+                f"{'right' if row.get('correct') else '**wrong**'} |")
+            continue
         ours, peer, ratio, target = (row.get(k) for k in ("ours_ns", "peer_ns", "ratio",
                                                            "target"))
+        if ours is None:
+            lines.append(f"| {row.get('path', '?')} (Python) | no time in compare.json | | | |")
+            continue
         if target is None:
             want = "(informational)"
         elif ratio is None:
             want = f"<= {target:.1f}x: -"
         else:
             want = f"<= {target:.1f}x: {'met' if ratio <= target else '**missed**'}"
+            if ratio > target:
+                want += f" ([why]({WHY}))"
         lines.append(
             f"| {row['path']} (Python) | {ours / 1e3:.3f} µs | "
-            f"{row.get('peer') or '-'}: {'-' if peer is None else f'{peer / 1e3:.3f} µs'} | "
+            f"{(row.get('peer') or '-') + ': ' + ('-' if peer is None else f'{peer / 1e3:.3f} µs') if row.get('peer') else '-'} | "
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {want} |")
     return lines
 
