@@ -428,9 +428,7 @@ fn sysroot(steps: &mut Steps, venv: &Venv) -> Result<Sysroot> {
     if built() {
         steps.note(&format!("==> aarch64: cached sysroot {}", dir.display()));
     } else {
-        if dir.exists() {
-            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        }
+        crate::venv::remove_dir(&dir)?;
         build_sysroot(steps, venv, &dir, &requirements)?;
         fs::write(dir.join(STAMP), &stamp_text).context("writing the sysroot's stamp")?;
     }

@@ -97,9 +97,7 @@ pub(crate) fn ensure(steps: &mut Steps, python: &Path) -> Result<Toolkit> {
             return Ok(Toolkit { home });
         }
     }
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
+    crate::venv::remove_dir(&dir)?;
     steps.cmd(
         "cuda toolkit: environment",
         Command::new(python).args(["-m", "venv"]).arg(&dir),

@@ -73,9 +73,7 @@ fn test_threads(steps: &mut Steps, python: &Path, allow_gil: bool) -> Result<()>
     // maturin, from the pinned environment.
     let pinned = venv::ensure(steps)?;
     let out = root().join("target").join("wheels-threads");
-    if out.exists() {
-        std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
-    }
+    venv::remove_dir(&out)?;
     steps.cmd(
         "maturin build (for this interpreter, not abi3)",
         pinned
@@ -103,9 +101,7 @@ fn test_threads(steps: &mut Steps, python: &Path, allow_gil: bool) -> Result<()>
         .join("target")
         .join("python")
         .join(FREE_THREADED.name);
-    if site.exists() {
-        std::fs::remove_dir_all(&site).with_context(|| format!("removing {}", site.display()))?;
-    }
+    venv::remove_dir(&site)?;
     steps.cmd(
         "install the wheel",
         env.pip_install()

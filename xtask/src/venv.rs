@@ -544,7 +544,8 @@ pub(crate) fn with_libtorch(mut cmd: Command, libtorch: &Path) -> Command {
     cmd
 }
 
-/// Removes `dir` if it is there, so that a `pip install --target` fills it afresh.
+/// Removes `dir` if it is there, so that what fills it next (a `pip install --target`, a
+/// build) starts from an empty folder.
 pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
     if dir.exists() {
         fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
