@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -445,16 +445,28 @@ class _Known:
         self.allocs.insert(at, alloc)
 
 
+class _Checked(NamedTuple):
+    """What ``_check_memory`` found for a view: its NIXL memory type and device, its byte
+    span [lo, hi), the base of its CUDA allocation (-1 on the host), and why CUDA IPC cannot
+    share it (``None`` where it can, and on the host)."""
+
+    mem: str
+    dev: int
+    lo: int
+    hi: int
+    base: int
+    staged: Optional[str]
+
+
 def _check_memory(
     i: int,
     view: View,
     allow_readonly: bool,
     require_ipc: bool = False,
     known: Optional[_Known] = None,
-) -> Tuple[str, int, Optional[str]]:
-    """The view's NIXL memory type and device, and why CUDA IPC cannot share it (``None``
-    where it can, and for host memory); raises for memory NIXL must not be given. ``known``
-    carries the driver's answers from one view to the next within one call."""
+) -> _Checked:
+    """Raises for memory NIXL must not be given; otherwise what was found (``_Checked``).
+    ``known`` carries the driver's answers from one view to the next within one call."""
     mem, dev = memory_of(view)
     if view.nbytes == 0:
         raise UnregistrableMemoryError(_what(i, view), "a tensor with at least one element", "none")
@@ -465,8 +477,8 @@ def _check_memory(
             "allow_readonly=True where peers only read it)",
             "a read-only view",
         )
+    lo, hi = _span(view)
     if mem == "VRAM":
-        lo, hi = _span(view)
         found = known.find(dev, lo) if known is not None else None
         if found is None:
             cuda = _cuda()
@@ -478,12 +490,12 @@ def _check_memory(
                 known.add(found)
         _, base, end, staged = found
         if staged is not None and require_ipc:
-            error, found = _NOT_IPC[staged]
+            error, kind = _NOT_IPC[staged]
             raise error(
                 _what(i, view),
                 "memory CUDA IPC can share (cudaMalloc, or a caching allocator over it), "
                 "as require_ipc=True asks",
-                found,
+                kind,
             )
         if hi > end:
             raise CrossAllocationError(
@@ -491,8 +503,8 @@ def _check_memory(
                 f"a span inside the allocation [{base:#x}, {end:#x})",
                 f"span [{lo:#x}, {hi:#x})",
             )
-        return mem, dev, staged
-    return mem, dev, None
+        return _Checked(mem, dev, lo, hi, base, staged)
+    return _Checked(mem, dev, lo, hi, -1, None)
 
 
 class Descs:
@@ -538,12 +550,10 @@ def _registration(
     staged: List[str] = []
     known = _Known()
     for i, v in enumerate(views):
-        mem, dev, why = _check_memory(i, v, allow_readonly, require_ipc, known)
-        if why is not None:
-            staged.append(f"{_what(i, v)}: {_NOT_IPC[why][1]}")
-        lo, hi = _span(v)
-        key = known.find(dev, lo)[1] if mem == "VRAM" else -1
-        groups.setdefault((mem, dev), []).append((key, lo, hi))
+        c = _check_memory(i, v, allow_readonly, require_ipc, known)
+        if c.staged is not None:
+            staged.append(f"{_what(i, v)}: {_NOT_IPC[c.staged][1]}")
+        groups.setdefault((c.mem, c.dev), []).append((c.base, c.lo, c.hi))
     out: Dict[str, List[Tuple[int, int, int]]] = {}
     for (mem, dev), spans in groups.items():
         rows = out.setdefault(mem, [])
@@ -567,23 +577,20 @@ def _registration(
     return descs, staged
 
 
-def _dims_and_run(view: View) -> Tuple[List[Tuple[int, int]], int]:
-    """The dimensions left once the innermost contiguous ones are folded into one run, and
-    that run's length in bytes: no dimensions left means one run covers the view."""
+def _runs(i: int, view: View, limit: int) -> Tuple[List[int], List[int]]:
+    """The view's bytes in element (C) order as contiguous runs: (addresses, lengths),
+    adjacent runs merged. Empty views give none. Python lists: most tensors are one run,
+    and NumPy's per-call cost would dominate a thousand of them."""
+    if view.nbytes == 0:
+        return [], []
+    # The dimensions left once the innermost contiguous ones are folded into one run.
     dims = [(n, s) for n, s in zip(view.shape, view.byte_strides) if n != 1]
     run = view.itemsize
     while dims and dims[-1][1] == run:
         run *= dims[-1][0]
         dims.pop()
-    return dims, run
-
-
-def _runs(i: int, view: View, limit: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The view's bytes in element (C) order as contiguous runs: (addresses, lengths),
-    adjacent runs merged. Empty views give none."""
-    if view.nbytes == 0:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    dims, run = _dims_and_run(view)
+    if not dims:  # one run covers the view
+        return [view.ptr], [run]
     count = 1
     for n, _ in dims:
         count *= n
@@ -603,29 +610,22 @@ def _runs(i: int, view: View, limit: int) -> Tuple[np.ndarray, np.ndarray]:
         idx = np.flatnonzero(starts)
         lens = np.add.reduceat(lens, idx)
         addrs = addrs[idx]
-    return addrs, lens
+    return addrs.tolist(), lens.tolist()
 
 
 def _all_runs(views: List[View], limit: int, allow_readonly: bool) -> Tuple[str, Descs]:
     mems = set()
-    # Python lists, one entry per run: most tensors are one run (contiguous), and NumPy's
-    # per-call cost would dominate a thousand of them.
     addrs: List[int] = []
     lens: List[int] = []
     devs: List[int] = []
     known = _Known()
     for i, v in enumerate(views):
-        mem, dev, _ = _check_memory(i, v, allow_readonly, known=known)
-        mems.add(mem)
-        if v.nbytes and not _dims_and_run(v)[0]:  # one run: the whole span
-            addrs.append(_span(v)[0])
-            lens.append(v.nbytes)
-            devs.append(dev)
-            continue
+        c = _check_memory(i, v, allow_readonly, known=known)
+        mems.add(c.mem)
         a, n = _runs(i, v, limit)
-        addrs.extend(a.tolist())
-        lens.extend(n.tolist())
-        devs.extend([dev] * len(a))
+        addrs.extend(a)
+        lens.extend(n)
+        devs.extend([c.dev] * len(a))
     if len(mems) > 1:
         raise LayoutError(
             "tensors", "one memory type per side of a transfer", f"{sorted(mems)}"
