@@ -55,6 +55,17 @@ def tensors(torch, case, device, fill):
     return buf, list(buf.split(k))
 
 
+class Case:
+    """One case's tensors in one worker: tensorbridge's path's buffer and parts, NIXL by hand's
+    own (the same shapes, the same allocator), both registrations, and the result row."""
+
+    def __init__(self, torch, case, device, fill):
+        self.buf, self.parts = tensors(torch, case, device, fill)
+        self.hbuf, self.hparts = tensors(torch, case, device, fill)
+        self.reg = self.hand = None
+        self.row = {}
+
+
 def ms(seconds):
     return round(seconds * 1e3, 3)
 
@@ -79,20 +90,17 @@ def worker(rank, conn, port):
     # when it loaded the metadata.
     mine = {}
     for case in CASES:
-        buf, parts = tensors(torch, case, device, fill=rank == 0)
-        hbuf, hparts = tensors(torch, case, device, fill=rank == 0)
+        c = mine[case] = Case(torch, case, device, fill=rank == 0)
         torch.cuda.synchronize(device)
-        row = {}
         t0 = time.perf_counter()
-        reg = tbn.register(agent, parts)
-        row["tb_register_ms"] = ms(time.perf_counter() - t0)
-        row["tb_descriptors"] = reg.count
+        c.reg = tbn.register(agent, c.parts)
+        c.row["tb_register_ms"] = ms(time.perf_counter() - t0)
+        c.row["tb_descriptors"] = c.reg.count
         # by hand: NIXL's own torch path, one descriptor per tensor
         t0 = time.perf_counter()
-        hand = agent.register_memory(hparts)
-        row["hand_register_ms"] = ms(time.perf_counter() - t0)
-        row["hand_descriptors"] = len(hparts)
-        mine[case] = (buf, parts, hbuf, hparts, reg, hand, row)
+        c.hand = agent.register_memory(c.hparts)
+        c.row["hand_register_ms"] = ms(time.perf_counter() - t0)
+        c.row["hand_descriptors"] = len(c.hparts)
     # One side sends first: metadata of 1,000 registrations outgrows the pipe's buffer, and
     # two processes both sending first would each wait for the other to read.
     if rank == 0:
@@ -102,10 +110,10 @@ def worker(rank, conn, port):
         peer_md = conn.recv()
         conn.send(agent.get_agent_metadata())
         agent.add_remote_agent(peer_md)
-    say(rank, "registered and introduced:", {c: mine[c][6] for c in CASES})
+    say(rank, "registered and introduced:", {case: c.row for case, c in mine.items()})
     results = {}
-    for case in CASES:
-        buf, parts, hbuf, hparts, reg, hand, row = mine[case]
+    for case, c in mine.items():
+        buf, parts, hbuf, hparts, row = c.buf, c.parts, c.hbuf, c.hparts, c.row
         if rank == 0:
             conn.send((bytes(tbn.describe(parts)), [(p.data_ptr(), p.numel() * 4, 0) for p in hparts]))
         else:
@@ -152,10 +160,10 @@ def worker(rank, conn, port):
             row["nccl_ms"] = ms(statistics.median(nccl_times[1:]))
             results[case] = row
             say(rank, case, row)
-    for case in CASES:
-        _, _, _, _, reg, hand, _ = mine.pop(case)
-        reg.deregister()
-        agent.deregister_memory(hand)
+    for c in mine.values():
+        c.reg.deregister()
+        agent.deregister_memory(c.hand)
+    mine.clear()
     torch.cuda.empty_cache()
     if rank == 1:
         conn.send(results)

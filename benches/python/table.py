@@ -5,8 +5,9 @@ Reads criterion's results (the median of each benchmark, from `<criterion>/**/ne
 when present, `compare.json` (the Python rows `compare.py` writes on a GPU machine), and
 prints a markdown table: each row a conversion, tensorbridge's time, the peer's, the ratio
 and the target with its verdict; a missed target carries its reason in a few words and a
-link to the argument from profiles (docs/BENCHMARKS.md, "Why the latest run's misses"). With `--write FILE`, the table also replaces what lies
-between the markers `<!-- latest-run:begin -->` and `<!-- latest-run:end -->` in FILE.
+link to the argument from profiles (docs/BENCHMARKS.md, "Why the latest run's misses").
+With `--write FILE`, the table also replaces what lies between the markers
+`<!-- latest-run:begin -->` and `<!-- latest-run:end -->` in FILE.
 
 `cargo xtask bench` runs it after the criterion benches (target/criterion); the GPU
 bundle's `bench.sh` runs it at the end with its own `$OUT` (criterion and compare.json).
@@ -148,9 +149,11 @@ def python_rows(path):
             want = f"<= {target:.1f}x: {'met' if ratio <= target else '**missed**'}"
             if ratio > target:
                 want += f" ([why]({WHY}))"
+        peer_cell = "-"
+        if row.get("peer"):
+            peer_cell = f"{row['peer']}: {'-' if peer is None else f'{peer / 1e3:.3f} µs'}"
         lines.append(
-            f"| {row['path']} (Python) | {ours / 1e3:.3f} µs | "
-            f"{(row.get('peer') or '-') + ': ' + ('-' if peer is None else f'{peer / 1e3:.3f} µs') if row.get('peer') else '-'} | "
+            f"| {row['path']} (Python) | {ours / 1e3:.3f} µs | {peer_cell} | "
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {want} |")
     return lines
 

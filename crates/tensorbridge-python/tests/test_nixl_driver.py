@@ -3,9 +3,11 @@ the GPU bundle): registration descriptors grouped by the driver's allocation (a 
 tensors of one allocation still one descriptor, two allocations two), the device id, a span
 past its allocation refused, memory CUDA IPC cannot share (a stream-ordered pool) registered
 with a ``StagedMemoryWarning`` or refused with ``require_ipc``, transfer runs of a strided CUDA
-view, and ``ready`` (a private stream made to wait, then synchronized). NIXL itself is not needed: descriptors are built,
-not registered (VRAM registration needs a CUDA-enabled UCX and a GPU:
-``gpu/test_gpu_nixl.py``)."""
+view, and ``ready`` (a private stream made to wait, then synchronized). NIXL itself is not
+needed: descriptors are built, not registered (VRAM registration needs a CUDA-enabled UCX and a
+GPU: ``gpu/test_gpu_nixl.py``)."""
+
+import warnings
 
 import pytest
 
@@ -112,8 +114,6 @@ def test_pool_memory_registers_with_a_warning_or_is_refused_on_request(cuda, all
         reg.deregister()
     finally:
         cuda.free_async(ptr)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # plain device memory: no warning
         reg = tbn.register(RecordingAgent(), view(alloc(1024), 256))
